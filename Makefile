@@ -1,0 +1,85 @@
+# k3 - build, test, bench.  `make` builds bin/k3 (and bin/k3-expertd when present).
+# Layout: common/ (both processes), coordinator/ (bin/k3), workers/ (expert library + bin/k3-expertd).
+CC      ?= gcc
+WERROR  ?= -Werror
+OPT     ?= -O2
+CFLAGS  ?= $(OPT) -g
+CFLAGS  += -std=gnu11 -Wall -Wextra -Wshadow -Wpointer-arith -Wvla $(WERROR) \
+           -ffp-contract=off -fopenmp -fno-strict-aliasing -I. $(EXTRA_CFLAGS)
+LDLIBS  += -fopenmp -ljansson -lmsgpackc -lnuma -lm -lrt -lpthread
+BUILD   ?= build
+BIN     ?= bin
+
+# Per-file SIMD flags: only these files are compiled for AVX2 / AVX-512; the
+# choice between them is made at run time (kernels_get).
+AVX2_FLAGS   = -mavx2 -mfma
+AVX512_FLAGS = -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma
+
+COMMON_SRCS = $(sort $(wildcard common/*.c))
+WORKER_SRCS = $(filter-out workers/expertd_main.c,$(sort $(wildcard workers/*.c)))
+COORD_SRCS  = $(filter-out coordinator/main.c,$(sort $(wildcard coordinator/*.c)))
+LIB_SRCS    = $(COMMON_SRCS) $(WORKER_SRCS) $(COORD_SRCS)
+LIB_OBJS    = $(LIB_SRCS:%.c=$(BUILD)/%.o)
+LIB         = $(BUILD)/libk3.a
+
+UNIT_SRCS   = $(sort $(wildcard tests/unit/test_*.c))
+UNIT_BINS   = $(UNIT_SRCS:tests/unit/%.c=$(BIN)/%)
+BENCH_SRCS  = $(sort $(wildcard bench/*.c))
+BENCH_BINS  = $(BENCH_SRCS:bench/%.c=$(BIN)/%)
+
+PROGS = $(BIN)/k3 $(if $(wildcard workers/expertd_main.c),$(BIN)/k3-expertd)
+
+.PHONY: all test unit asan fuzz bench demo clean models check-models
+all: $(PROGS) $(UNIT_BINS)
+
+$(BUILD)/%.o: %.c $(wildcard common/*.h coordinator/*.h workers/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(if $(findstring _avx512,$<),$(AVX512_FLAGS),$(if $(findstring _avx2,$<),$(AVX2_FLAGS))) -c $< -o $@
+
+$(LIB): $(LIB_OBJS)
+	@mkdir -p $(dir $@)
+	rm -f $@ && ar rcs $@ $^
+
+$(BIN)/k3: $(BUILD)/coordinator/main.o $(LIB)
+	@mkdir -p $(BIN)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BIN)/k3-expertd: $(BUILD)/workers/expertd_main.o $(LIB)
+	@mkdir -p $(BIN)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BIN)/test_%: $(BUILD)/tests/unit/test_%.o $(LIB)
+	@mkdir -p $(BIN)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BIN)/bench_%: $(BUILD)/bench/bench_%.o $(LIB)
+	@mkdir -p $(BIN)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+# The whole suite: unit tests, model gates, traps, bad-input corpus, tokenizer.
+test: all
+	tests/run.sh
+
+# Unit tests only (used by the sanitizer run).
+unit: $(UNIT_BINS)
+	@for t in $(UNIT_BINS); do echo "== $$t"; $$t || exit 1; done
+
+# ASan/UBSan build of everything in build-asan/, bin-asan/, then unit tests + a model gate.
+asan:
+	$(MAKE) BUILD=build-asan BIN=bin-asan OPT=-O1 \
+	  EXTRA_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
+	  LDLIBS="-fsanitize=address,undefined $(LDLIBS)" unit bin-asan/k3
+	K3_BIN=bin-asan/k3 tests/asan_gate.sh
+
+fuzz:
+	tests/fuzz/run_fuzz.sh
+
+bench: $(BENCH_BINS) $(PROGS)
+	scripts/bench.sh
+
+# Bundled small model: generate (deterministically) and run it.
+demo: $(BIN)/k3
+	$(BIN)/k3 tests/models/m13 --ids 1,2,3,4,5 --gen 20
+
+clean:
+	rm -rf build build-asan bin bin-asan

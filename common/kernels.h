@@ -1,0 +1,76 @@
+/* kernels.h - the exact compute kernels of k3 (matrix-vector / small matrix-matrix).
+ *
+ * Contract (K3-MODEL.md section 3):
+ *  - Every dot product y = sum_i w_i * x_i uses ONE fixed partition, whatever the
+ *    SIMD level, thread count or number of tokens:
+ *      each product p_i = (double)w_i * (double)x_i is computed in double (exact:
+ *      a float/bf16/E2M1*2^k weight times a float has at most 48 significant bits);
+ *      element i is added to lane (i % 8) of 8 double accumulators, sequentially in i;
+ *      a tail (n % 8 != 0) adds +0.0 to the lanes that have no element;
+ *      lanes are reduced as ((l0+l1)+(l2+l3)) + ((l4+l5)+(l6+l7)); the result is
+ *      rounded to float once.
+ *    For MXFP4 the weight is E2M1[code] * 2^(scale-127), formed exactly in double.
+ *  - Scalar, AVX2 and AVX-512 paths perform exactly these operations: bit-identical.
+ *  - Multi-token calls compute each (row, token) dot with the same partition, so a
+ *    batch of T tokens gives the bits of T single-token calls.
+ *  - Threads (OpenMP) split rows only, never a single dot product.
+ *  - MXFP4 scale byte 255 (NaN in OCP) is refused when a checkpoint is validated
+ *    (mxfp4_check_scales); the kernels themselves never see it.
+ */
+#ifndef K3_KERNELS_H
+#define K3_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum { SIMD_AUTO = 0, SIMD_SCALAR, SIMD_AVX2, SIMD_AVX512 } simd_level;
+
+typedef enum { DTYPE_F32 = 0, DTYPE_BF16 } dense_dtype;
+
+/* A dense row-major weight W[rows][cols] (PyTorch nn.Linear layout), F32 or BF16. */
+typedef struct {
+    dense_dtype dtype;
+    size_t rows, cols;
+    const void *data;
+} dense_weight;
+
+/* A packed MXFP4 weight: logical [rows][cols], cols % 32 == 0.
+ * packed: rows x cols/2 bytes (low nibble = even element); scales: rows x cols/32. */
+typedef struct {
+    size_t rows, cols;
+    const uint8_t *packed;
+    const uint8_t *scales;
+} mxfp4_weight;
+
+/* The row-dot functions of one SIMD level. Obtained with kernels_get(); no globals. */
+typedef struct {
+    simd_level level;
+    const char *name; /* "scalar", "avx2", "avx512" */
+    float (*dot_f32)(const float *w, const float *x, size_t n);
+    float (*dot_bf16)(const uint16_t *w, const float *x, size_t n);
+    float (*dot_mxfp4)(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n);
+} kernels;
+
+/* Best level the CPU supports (SIMD_AUTO), or the one asked for.
+ * Returns NULL if the asked level is not supported by this CPU or build. */
+const kernels *kernels_get(simd_level want);
+/* Parses "auto|scalar|avx2|avx512"; returns -1 on anything else. */
+int simd_level_parse(const char *s, simd_level *out);
+
+/* y[t*W.rows + r] = W[r] . x[t*W.cols ...] for t < ntok. OpenMP over rows. */
+void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_t ntok, float *y);
+void matmul_mxfp4(const kernels *k, const mxfp4_weight *W, const float *x, size_t ntok, float *y);
+
+/* 0 if no scale byte of the weight is 255, else -1 and *bad_row set. */
+int mxfp4_check_scales(const mxfp4_weight *W, size_t *bad_row);
+
+/* E2M1 code (0..15) -> value. */
+extern const float E2M1_VALUES[16];
+
+static inline float bf16_to_f32(uint16_t b) {
+    union { uint32_t u; float f; } v;
+    v.u = (uint32_t)b << 16;
+    return v.f;
+}
+
+#endif

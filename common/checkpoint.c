@@ -1,0 +1,171 @@
+/* checkpoint.c - shard discovery, index cross-check, name lookup, lazy mapping. */
+#include "common/checkpoint.h"
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static int cmp_entry(const void *a, const void *b) {
+    return strcmp(((const ckpt_entry *)a)->name, ((const ckpt_entry *)b)->name);
+}
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static int has_suffix(const char *s, const char *suf) {
+    size_t n = strlen(s), m = strlen(suf);
+    return n >= m && strcmp(s + n - m, suf) == 0;
+}
+
+/* A shard name from the index must be a plain file name inside the directory. */
+static int plain_name(const char *s) {
+    return s[0] && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
+}
+
+static int add_name(char ***names, size_t *n, size_t *cap, const char *s, k3_error *err) {
+    for (size_t i = 0; i < *n; i++)
+        if (strcmp((*names)[i], s) == 0) return 0;
+    if (*n == *cap) {
+        size_t nc = *cap ? *cap * 2 : 16;
+        char **nn = realloc(*names, nc * sizeof *nn);
+        if (!nn) return k3_fail(err, "out of memory");
+        *names = nn;
+        *cap = nc;
+    }
+    if (!((*names)[*n] = strdup(s))) return k3_fail(err, "out of memory");
+    (*n)++;
+    return 0;
+}
+
+int checkpoint_open(const char *dir, checkpoint *ck, k3_error *err) {
+    memset(ck, 0, sizeof *ck);
+    char path[4096];
+    char **names = NULL;
+    size_t n_names = 0, cap = 0;
+    json_t *index = NULL, *wmap = NULL;
+    int rc = -1;
+    if (!(ck->dir = strdup(dir))) return k3_fail(err, "out of memory");
+
+    snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
+    if (access(path, F_OK) == 0) {
+        json_error_t jerr;
+        index = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+        if (!index) { k3_fail(err, "%s: invalid JSON at line %d: %s", path, jerr.line, jerr.text); goto out; }
+        wmap = json_object_get(index, "weight_map");
+        if (!json_is_object(wmap)) { k3_fail(err, "%s: missing or non-object 'weight_map'", path); goto out; }
+        const char *k;
+        json_t *v;
+        json_object_foreach(wmap, k, v) {
+            if (!json_is_string(v) || !plain_name(json_string_value(v))) {
+                k3_fail(err, "%s: weight_map entry '%s' is not a plain shard file name", path, k);
+                goto out;
+            }
+            if (add_name(&names, &n_names, &cap, json_string_value(v), err)) goto out;
+        }
+        ck->has_index = 1;
+    } else {
+        DIR *d = opendir(dir);
+        if (!d) { k3_fail(err, "%s: cannot open directory: %s", dir, strerror(errno)); goto out; }
+        struct dirent *de;
+        while ((de = readdir(d)))
+            if (has_suffix(de->d_name, ".safetensors") && add_name(&names, &n_names, &cap, de->d_name, err)) {
+                closedir(d);
+                goto out;
+            }
+        closedir(d);
+    }
+    if (n_names == 0) { k3_fail(err, "%s: no safetensors shards found", dir); goto out; }
+    qsort(names, n_names, sizeof *names, cmp_str);
+
+    ck->shards = calloc(n_names, sizeof *ck->shards);
+    if (!ck->shards) { k3_fail(err, "out of memory"); goto out; }
+    size_t total = 0;
+    for (size_t i = 0; i < n_names; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, names[i]);
+        ck->shards[i].fd = -1;
+        if (safetensors_open(path, &ck->shards[i].file, err)) goto out;
+        ck->n_shards++;
+        total += ck->shards[i].file.n_tensors;
+    }
+    ck->entries = calloc(total ? total : 1, sizeof *ck->entries);
+    if (!ck->entries) { k3_fail(err, "out of memory"); goto out; }
+    for (int s = 0; s < ck->n_shards; s++)
+        for (size_t i = 0; i < ck->shards[s].file.n_tensors; i++) {
+            ckpt_entry *e = &ck->entries[ck->n_entries++];
+            e->t = &ck->shards[s].file.tensors[i];
+            e->name = e->t->name;
+            e->shard = s;
+        }
+    qsort(ck->entries, ck->n_entries, sizeof *ck->entries, cmp_entry);
+    for (size_t i = 1; i < ck->n_entries; i++)
+        if (strcmp(ck->entries[i].name, ck->entries[i - 1].name) == 0) {
+            k3_fail(err, "tensor '%s' appears in two shards: %s and %s", ck->entries[i].name,
+                    ck->shards[ck->entries[i - 1].shard].file.path, ck->shards[ck->entries[i].shard].file.path);
+            goto out;
+        }
+    if (wmap) {
+        const char *k;
+        json_t *v;
+        json_object_foreach(wmap, k, v) {
+            const ckpt_entry *e = checkpoint_find(ck, k);
+            const char *want = json_string_value(v);
+            if (!e) { k3_fail(err, "index maps tensor '%s' to %s, but no shard contains it", k, want); goto out; }
+            const char *have = strrchr(ck->shards[e->shard].file.path, '/');
+            if (strcmp(have + 1, want) != 0) {
+                k3_fail(err, "index maps tensor '%s' to %s, but it is in %s", k, want, have + 1);
+                goto out;
+            }
+        }
+    }
+    rc = 0;
+out:
+    for (size_t i = 0; i < n_names; i++) free(names[i]);
+    free(names);
+    json_decref(index);
+    if (rc) checkpoint_close(ck);
+    return rc;
+}
+
+void checkpoint_close(checkpoint *ck) {
+    for (int s = 0; s < ck->n_shards; s++) {
+        if (ck->shards[s].map) munmap(ck->shards[s].map, ck->shards[s].file.file_size);
+        if (ck->shards[s].fd >= 0) close(ck->shards[s].fd);
+        safetensors_free(&ck->shards[s].file);
+    }
+    free(ck->shards);
+    free(ck->entries);
+    free(ck->dir);
+    memset(ck, 0, sizeof *ck);
+}
+
+const ckpt_entry *checkpoint_find(const checkpoint *ck, const char *name) {
+    ckpt_entry key = {.name = name};
+    return bsearch(&key, ck->entries, ck->n_entries, sizeof key, cmp_entry);
+}
+
+int checkpoint_shard_fd(checkpoint *ck, int shard, k3_error *err) {
+    ckpt_shard *s = &ck->shards[shard];
+    if (s->fd < 0) {
+        s->fd = open(s->file.path, O_RDONLY | O_CLOEXEC);
+        if (s->fd < 0) return k3_fail(err, "%s: cannot open: %s", s->file.path, strerror(errno));
+        off_t size = lseek(s->fd, 0, SEEK_END);
+        if (size < 0 || (uint64_t)size != s->file.file_size)
+            return k3_fail(err, "%s: file changed size since its header was read", s->file.path);
+    }
+    return s->fd;
+}
+
+const void *checkpoint_data(checkpoint *ck, const ckpt_entry *e, k3_error *err) {
+    ckpt_shard *s = &ck->shards[e->shard];
+    if (!s->map) {
+        int fd = checkpoint_shard_fd(ck, e->shard, err);
+        if (fd < 0) return NULL;
+        void *m = mmap(NULL, s->file.file_size, PROT_READ, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED) { k3_fail(err, "%s: mmap failed: %s", s->file.path, strerror(errno)); return NULL; }
+        s->map = m;
+    }
+    return (const char *)s->map + e->t->begin;
+}

@@ -1,0 +1,45 @@
+/* checkpoint.h - a model directory's safetensors shards as one name -> tensor map.
+ *
+ * checkpoint_open reads model.safetensors.index.json when present (its weight_map
+ * is checked: every entry must exist in the shard it names) and otherwise every
+ * *.safetensors file in the directory. Every shard header is validated
+ * (safetensors.h); a tensor name found in two shards is refused. Shard data is
+ * mapped read-only on first use (checkpoint_data), so a process touches only the
+ * shards that hold what it asks for. Shard file names are never assumed. */
+#ifndef K3_CHECKPOINT_H
+#define K3_CHECKPOINT_H
+
+#include "common/error.h"
+#include "common/safetensors.h"
+
+typedef struct {
+    const char *name;      /* owned by the shard's st_file */
+    const st_tensor *t;
+    int shard;
+} ckpt_entry;
+
+typedef struct {
+    st_file file;
+    int fd;                /* -1 until opened for data */
+    void *map;             /* NULL until mapped */
+} ckpt_shard;
+
+typedef struct {
+    char *dir;
+    int n_shards;
+    ckpt_shard *shards;
+    size_t n_entries;
+    ckpt_entry *entries;   /* sorted by name */
+    int has_index;
+} checkpoint;
+
+int checkpoint_open(const char *dir, checkpoint *ck, k3_error *err);
+void checkpoint_close(checkpoint *ck);
+/* NULL if absent. */
+const ckpt_entry *checkpoint_find(const checkpoint *ck, const char *name);
+/* Pointer to the tensor's bytes (maps the shard on first use); NULL + err on failure. */
+const void *checkpoint_data(checkpoint *ck, const ckpt_entry *e, k3_error *err);
+/* The shard's path and an open read-only fd (for pread/O_DIRECT readers). */
+int checkpoint_shard_fd(checkpoint *ck, int shard, k3_error *err);
+
+#endif

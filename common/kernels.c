@@ -1,0 +1,155 @@
+/* kernels.c - the exact compute kernels (contract in kernels.h): the scalar
+ * reference dot products, run-time SIMD level selection (kernels_get), the
+ * OpenMP matmul drivers for dense F32/BF16 and packed MXFP4 weights, and the
+ * MXFP4 scale-byte check used when a checkpoint is validated. */
+#include "common/kernels.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/kernels_impl.h"
+
+const float E2M1_VALUES[16] = {
+    0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f,
+};
+
+/* ---- scalar reference: lane i % 8, sequential in i, tail lanes get +0.0 ---- */
+
+static float dot_f32_scalar(const float *w, const float *x, size_t n) {
+    double l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (size_t j = 0; j < 8; j++) l[j] += (double)w[i + j] * (double)x[i + j];
+    if (i < n)
+        for (size_t j = 0; j < 8; j++) l[j] += i + j < n ? (double)w[i + j] * (double)x[i + j] : 0.0;
+    return k3_reduce8(l);
+}
+
+static float dot_bf16_scalar(const uint16_t *w, const float *x, size_t n) {
+    double l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (size_t j = 0; j < 8; j++) l[j] += (double)bf16_to_f32(w[i + j]) * (double)x[i + j];
+    if (i < n)
+        for (size_t j = 0; j < 8; j++)
+            l[j] += i + j < n ? (double)bf16_to_f32(w[i + j]) * (double)x[i + j] : 0.0;
+    return k3_reduce8(l);
+}
+
+/* n % 32 == 0 (one scale byte per 32 elements); the drivers check it. */
+static float dot_mxfp4_scalar(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n) {
+    double l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (size_t b = 0; b < n / 32; b++) {
+        double s = k3_mxfp4_scale(scales[b]);
+        const uint8_t *p = packed + b * 16;
+        const float *xb = x + b * 32;
+        for (size_t i = 0; i < 32; i += 2) {
+            uint8_t byte = p[i / 2];
+            double w0 = (double)E2M1_VALUES[byte & 15] * s; /* even element: low nibble */
+            double w1 = (double)E2M1_VALUES[byte >> 4] * s;
+            l[i % 8] += w0 * (double)xb[i];
+            l[(i + 1) % 8] += w1 * (double)xb[i + 1];
+        }
+    }
+    return k3_reduce8(l);
+}
+
+/* ---- level selection ---- */
+
+static const kernels KERNELS_SCALAR = {SIMD_SCALAR, "scalar", dot_f32_scalar, dot_bf16_scalar, dot_mxfp4_scalar};
+#ifdef K3_HAVE_X86_KERNELS
+static const kernels KERNELS_AVX2 = {SIMD_AVX2, "avx2", k3_dot_f32_avx2, k3_dot_bf16_avx2, k3_dot_mxfp4_avx2};
+static const kernels KERNELS_AVX512 = {SIMD_AVX512, "avx512", k3_dot_f32_avx512, k3_dot_bf16_avx512,
+                                       k3_dot_mxfp4_avx512};
+#endif
+
+static int cpu_has(simd_level l) {
+#ifdef K3_HAVE_X86_KERNELS
+    __builtin_cpu_init();
+    switch (l) {
+    case SIMD_SCALAR: return 1;
+    case SIMD_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case SIMD_AVX512:
+        return cpu_has(SIMD_AVX2) && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+    default: return 0;
+    }
+#else
+    return l == SIMD_SCALAR;
+#endif
+}
+
+const kernels *kernels_get(simd_level want) {
+    if (want == SIMD_AUTO) {
+        if (cpu_has(SIMD_AVX512)) want = SIMD_AVX512;
+        else if (cpu_has(SIMD_AVX2)) want = SIMD_AVX2;
+        else want = SIMD_SCALAR;
+    }
+    if (!cpu_has(want)) return NULL;
+    switch (want) {
+    case SIMD_SCALAR: return &KERNELS_SCALAR;
+#ifdef K3_HAVE_X86_KERNELS
+    case SIMD_AVX2: return &KERNELS_AVX2;
+    case SIMD_AVX512: return &KERNELS_AVX512;
+#endif
+    default: return NULL;
+    }
+}
+
+int simd_level_parse(const char *s, simd_level *out) {
+    static const struct { const char *name; simd_level level; } names[] = {
+        {"auto", SIMD_AUTO}, {"scalar", SIMD_SCALAR}, {"avx2", SIMD_AVX2}, {"avx512", SIMD_AVX512}};
+    if (!s) return -1;
+    for (size_t i = 0; i < sizeof names / sizeof names[0]; i++)
+        if (strcmp(s, names[i].name) == 0) {
+            if (out) *out = names[i].level;
+            return 0;
+        }
+    return -1;
+}
+
+/* ---- drivers: threads split rows; each (row, token) is one dot of the fixed partition ---- */
+
+void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_t ntok, float *y) {
+    const size_t rows = W->rows, cols = W->cols;
+    if (W->dtype == DTYPE_F32) {
+        const float *wd = W->data;
+#pragma omp parallel for schedule(static)
+        for (size_t r = 0; r < rows; r++)
+            for (size_t t = 0; t < ntok; t++) y[t * rows + r] = k->dot_f32(wd + r * cols, x + t * cols, cols);
+    } else if (W->dtype == DTYPE_BF16) {
+        const uint16_t *wd = W->data;
+#pragma omp parallel for schedule(static)
+        for (size_t r = 0; r < rows; r++)
+            for (size_t t = 0; t < ntok; t++) y[t * rows + r] = k->dot_bf16(wd + r * cols, x + t * cols, cols);
+    } else {
+        fprintf(stderr, "k3: matmul_dense: unknown weight dtype %d\n", (int)W->dtype);
+        abort();
+    }
+}
+
+void matmul_mxfp4(const kernels *k, const mxfp4_weight *W, const float *x, size_t ntok, float *y) {
+    const size_t rows = W->rows, cols = W->cols;
+    if (cols % 32 != 0) { /* refused at load time; reaching here is a programming error */
+        fprintf(stderr, "k3: matmul_mxfp4: cols %zu is not a multiple of 32\n", cols);
+        abort();
+    }
+#pragma omp parallel for schedule(static)
+    for (size_t r = 0; r < rows; r++)
+        for (size_t t = 0; t < ntok; t++)
+            y[t * rows + r] = k->dot_mxfp4(W->packed + r * (cols / 2), W->scales + r * (cols / 32), x + t * cols, cols);
+}
+
+int mxfp4_check_scales(const mxfp4_weight *W, size_t *bad_row) {
+    const size_t per_row = W->cols / 32;
+    for (size_t r = 0; r < W->rows; r++) {
+        const uint8_t *s = W->scales + r * per_row;
+        if (memchr(s, 255, per_row)) {
+            if (bad_row) *bad_row = r;
+            return -1;
+        }
+    }
+    return 0;
+}

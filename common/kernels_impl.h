@@ -1,0 +1,39 @@
+/* kernels_impl.h - internal glue between kernels.c and the per-ISA kernel files
+ * (kernels_avx2.c, kernels_avx512.c): their dot functions and the helpers every
+ * path shares so that they perform exactly the same operations (kernels.h contract).
+ * Not part of the public API. */
+#ifndef K3_KERNELS_IMPL_H
+#define K3_KERNELS_IMPL_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "common/kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define K3_HAVE_X86_KERNELS 1
+float k3_dot_f32_avx2(const float *w, const float *x, size_t n);
+float k3_dot_bf16_avx2(const uint16_t *w, const float *x, size_t n);
+float k3_dot_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n);
+float k3_dot_f32_avx512(const float *w, const float *x, size_t n);
+float k3_dot_bf16_avx512(const uint16_t *w, const float *x, size_t n);
+float k3_dot_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n);
+#endif
+
+/* 2^(s-127) as a double, exact for every byte s (s = 0 gives 2^-127, a normal double). */
+static inline double k3_mxfp4_scale(uint8_t s) {
+    uint64_t u = (uint64_t)(s + 896u) << 52; /* biased exponent (s - 127) + 1023 */
+    double d;
+    memcpy(&d, &u, sizeof d);
+    return d;
+}
+
+/* The contract's fixed lane reduction, then one rounding to float. */
+static inline float k3_reduce8(const double l[8]) {
+    double a = (l[0] + l[1]) + (l[2] + l[3]);
+    double b = (l[4] + l[5]) + (l[6] + l[7]);
+    return (float)(a + b);
+}
+
+#endif

@@ -1,0 +1,483 @@
+/* test_kernels.c - unit test of the exact kernels (common/kernels.h): the scalar
+ * path against an independent re-implementation of the documented partition,
+ * scalar / AVX2 / AVX-512 bit-identical (dense F32, dense BF16, MXFP4, many sizes
+ * and tails), multi-token == single-token, 1 thread == many threads, MXFP4
+ * decoding traps (nibble order, scale byte 0, negative codes, E2M1 table) and
+ * mxfp4_check_scales. Exits non-zero and prints every failure. */
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/kernels.h"
+
+typedef struct {
+    int failures;
+    int checks;
+    const kernels *levels[3]; /* scalar first, then every SIMD level this CPU has */
+    int nlevels;
+} tstate;
+
+#define CHECK(ts, cond, ...)                                                                              \
+    do {                                                                                                  \
+        (ts)->checks++;                                                                                   \
+        if (!(cond)) {                                                                                    \
+            (ts)->failures++;                                                                             \
+            if ((ts)->failures <= 50) {                                                                   \
+                printf("FAIL %s:%d: ", __FILE__, __LINE__);                                               \
+                printf(__VA_ARGS__);                                                                      \
+                printf("\n");                                                                             \
+            }                                                                                             \
+        }                                                                                                 \
+    } while (0)
+
+/* ---- deterministic random data ---- */
+
+static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Finite floats with a wide exponent spread, so any change of summation order shows. */
+static float rnd_float(uint64_t *s) {
+    uint64_t r = rng_next(s);
+    if ((r & 63) == 0) return (r & 64) ? -0.0f : 0.0f;
+    double m = (double)((r >> 8) & 0xffffff) / 16777216.0 + 0.5;
+    int e = (int)((r >> 40) % 41) - 20;
+    return (float)((r & 128 ? -m : m) * ldexp(1.0, e));
+}
+
+static uint16_t rnd_bf16(uint64_t *s) {
+    uint64_t r = rng_next(s);
+    uint16_t exp = (uint16_t)(127 - 20 + (r >> 20) % 41); /* finite, normal */
+    return (uint16_t)(((r & 1) << 15) | (exp << 7) | ((r >> 8) & 0x7f));
+}
+
+/* ---- independent reference of the documented partition ---- */
+
+/* E2M1 from its bit fields: s | e e | m, bias 1, e == 0 subnormal (m * 0.5). */
+static double e2m1_decode(unsigned code) {
+    unsigned sgn = (code >> 3) & 1, e = (code >> 1) & 3, m = code & 1;
+    double v = e == 0 ? 0.5 * m : ldexp(1.0 + 0.5 * m, (int)e - 1);
+    return sgn ? -v : v;
+}
+
+typedef enum { REF_F32, REF_BF16, REF_MXFP4, REF_MXFP4_SWAPPED } ref_kind;
+
+static double ref_weight(ref_kind kind, const void *w, const uint8_t *scales, size_t i) {
+    switch (kind) {
+    case REF_F32: return ((const float *)w)[i];
+    case REF_BF16: {
+        uint32_t u = (uint32_t)((const uint16_t *)w)[i] << 16;
+        float f;
+        memcpy(&f, &u, 4);
+        return f;
+    }
+    case REF_MXFP4:
+    case REF_MXFP4_SWAPPED: {
+        uint8_t byte = ((const uint8_t *)w)[i / 2];
+        int low = (i % 2 == 0) == (kind == REF_MXFP4);
+        unsigned code = low ? (byte & 15u) : (byte >> 4);
+        return ldexp(e2m1_decode(code), (int)scales[i / 32] - 127);
+    }
+    }
+    return 0;
+}
+
+static float ref_dot(ref_kind kind, const void *w, const uint8_t *scales, const float *x, size_t n) {
+    double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    size_t i;
+    for (i = 0; i < n; i++) lane[i % 8] += ref_weight(kind, w, scales, i) * (double)x[i];
+    for (; i % 8 != 0; i++) lane[i % 8] += 0.0;
+    return (float)(((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7])));
+}
+
+/* ---- helpers ---- */
+
+static int bits_equal(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof *a) == 0; }
+
+static size_t first_diff(const float *a, const float *b, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (memcmp(a + i, b + i, sizeof *a)) return i;
+    return n;
+}
+
+/* Runs one weight through every level with ntok = 1..5 and checks everything. */
+typedef struct {
+    int is_mxfp4;
+    dense_weight d;
+    mxfp4_weight m;
+} any_weight;
+
+static void run_matmul(const kernels *k, const any_weight *W, const float *x, size_t ntok, float *y) {
+    if (W->is_mxfp4) matmul_mxfp4(k, &W->m, x, ntok, y);
+    else matmul_dense(k, &W->d, x, ntok, y);
+}
+
+static void check_weight(tstate *ts, const char *what, const any_weight *W, const float *x) {
+    size_t rows = W->is_mxfp4 ? W->m.rows : W->d.rows, cols = W->is_mxfp4 ? W->m.cols : W->d.cols;
+    const size_t maxtok = 5;
+    float *ref = malloc(maxtok * rows * sizeof *ref);
+    float *base = malloc(maxtok * rows * sizeof *base);
+    float *y = malloc(maxtok * rows * sizeof *y);
+    float *y1 = malloc(rows * sizeof *y1);
+    if (!ref || !base || !y || !y1) abort();
+
+    ref_kind kind = W->is_mxfp4 ? REF_MXFP4 : W->d.dtype == DTYPE_F32 ? REF_F32 : REF_BF16;
+    for (size_t t = 0; t < maxtok; t++)
+        for (size_t r = 0; r < rows; r++) {
+            const void *wr;
+            const uint8_t *sr = NULL;
+            if (W->is_mxfp4) {
+                wr = W->m.packed + r * cols / 2;
+                sr = W->m.scales + r * cols / 32;
+            } else if (W->d.dtype == DTYPE_F32) wr = (const float *)W->d.data + r * cols;
+            else wr = (const uint16_t *)W->d.data + r * cols;
+            ref[t * rows + r] = ref_dot(kind, wr, sr, x + t * cols, cols);
+        }
+
+    /* scalar path == independent reference, every token */
+    run_matmul(ts->levels[0], W, x, maxtok, base);
+    size_t d = first_diff(base, ref, maxtok * rows);
+    CHECK(ts, d == maxtok * rows, "%s rows=%zu cols=%zu: scalar != reference at [%zu] (%a vs %a)", what, rows,
+          cols, d, d < maxtok * rows ? base[d] : 0.0f, d < maxtok * rows ? ref[d] : 0.0f);
+
+    for (int l = 0; l < ts->nlevels; l++) {
+        const kernels *k = ts->levels[l];
+        /* single-token calls, one per token */
+        for (size_t t = 0; t < maxtok; t++) {
+            run_matmul(k, W, x + t * cols, 1, y1);
+            CHECK(ts, bits_equal(y1, base + t * rows, rows), "%s rows=%zu cols=%zu: %s ntok=1 token %zu != scalar",
+                  what, rows, cols, k->name, t);
+        }
+        /* batches of 1..5 tokens == the single-token bits */
+        for (size_t nt = 1; nt <= maxtok; nt++) {
+            run_matmul(k, W, x, nt, y);
+            CHECK(ts, bits_equal(y, base, nt * rows), "%s rows=%zu cols=%zu: %s ntok=%zu != single-token scalar",
+                  what, rows, cols, k->name, nt);
+        }
+        /* the level's dot function directly == the driver */
+        for (size_t r = 0; r < rows; r++) {
+            float v;
+            if (W->is_mxfp4) v = k->dot_mxfp4(W->m.packed + r * cols / 2, W->m.scales + r * cols / 32, x, cols);
+            else if (W->d.dtype == DTYPE_F32) v = k->dot_f32((const float *)W->d.data + r * cols, x, cols);
+            else v = k->dot_bf16((const uint16_t *)W->d.data + r * cols, x, cols);
+            CHECK(ts, memcmp(&v, base + r, sizeof v) == 0, "%s rows=%zu cols=%zu: %s dot row %zu != scalar", what,
+                  rows, cols, k->name, r);
+        }
+    }
+    free(ref);
+    free(base);
+    free(y);
+    free(y1);
+}
+
+/* x for up to 5 tokens, deliberately misaligned by one float. */
+static float *make_x(uint64_t *s, size_t cols, float **to_free) {
+    float *buf = malloc((5 * cols + 1) * sizeof *buf);
+    if (!buf) abort();
+    for (size_t i = 0; i < 5 * cols + 1; i++) buf[i] = rnd_float(s);
+    *to_free = buf;
+    return buf + 1;
+}
+
+static void test_dense(tstate *ts, dense_dtype dt) {
+    static const size_t extra_cols[] = {71, 96, 127, 128, 129, 255, 1000, 1023, 3072, 3584, 7168, 7175};
+    static const size_t rows_list[] = {1, 3, 7, 13};
+    uint64_t seed = dt == DTYPE_F32 ? 1 : 2;
+    size_t ncols = 70 + sizeof extra_cols / sizeof extra_cols[0];
+    for (size_t ci = 0; ci < ncols; ci++) {
+        size_t cols = ci < 70 ? ci + 1 : extra_cols[ci - 70];
+        size_t rows = rows_list[ci % 4];
+        size_t esz = dt == DTYPE_F32 ? 4 : 2;
+        uint8_t *wbuf = malloc(rows * cols * esz + esz);
+        if (!wbuf) abort();
+        void *w = wbuf + esz; /* misaligned by one element */
+        for (size_t i = 0; i < rows * cols; i++) {
+            if (dt == DTYPE_F32) ((float *)w)[i] = rnd_float(&seed);
+            else ((uint16_t *)w)[i] = rnd_bf16(&seed);
+        }
+        float *xf;
+        float *x = make_x(&seed, cols, &xf);
+        any_weight W = {.is_mxfp4 = 0, .d = {dt, rows, cols, w}};
+        check_weight(ts, dt == DTYPE_F32 ? "dense f32" : "dense bf16", &W, x);
+        free(xf);
+        free(wbuf);
+    }
+}
+
+static void fill_mxfp4(uint64_t *s, uint8_t *packed, uint8_t *scales, size_t rows, size_t cols) {
+    for (size_t i = 0; i < rows * cols / 2; i++) packed[i] = (uint8_t)rng_next(s);
+    for (size_t i = 0; i < rows * cols / 32; i++) {
+        uint64_t r = rng_next(s);
+        scales[i] = (r & 31) == 0 ? (uint8_t)(r >> 8) % 255 : (uint8_t)(107 + (r >> 8) % 41);
+    }
+}
+
+static void test_mxfp4_sizes(tstate *ts) {
+    static const size_t cols_list[] = {32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 640, 1056, 3072, 3584, 7168};
+    static const size_t rows_list[] = {1, 3, 5, 7, 13, 17};
+    uint64_t seed = 3;
+    for (size_t ci = 0; ci < sizeof cols_list / sizeof cols_list[0]; ci++) {
+        size_t cols = cols_list[ci], rows = rows_list[ci % 6];
+        uint8_t *packed = malloc(rows * cols / 2 + 1), *scales = malloc(rows * cols / 32 + 1);
+        if (!packed || !scales) abort();
+        fill_mxfp4(&seed, packed + 1, scales + 1, rows, cols); /* misaligned */
+        float *xf;
+        float *x = make_x(&seed, cols, &xf);
+        any_weight W = {.is_mxfp4 = 1, .m = {rows, cols, packed + 1, scales + 1}};
+        check_weight(ts, "mxfp4", &W, x);
+        free(xf);
+        free(packed);
+        free(scales);
+    }
+}
+
+/* 1 thread vs several: rows split differently, bits identical. */
+static void test_threads(tstate *ts) {
+    const size_t rows = 301, cols = 7168, ntok = 3;
+    uint64_t seed = 4;
+    float *wf = malloc(rows * cols * sizeof *wf);
+    uint16_t *wb = malloc(rows * cols * sizeof *wb);
+    uint8_t *packed = malloc(rows * cols / 2), *scales = malloc(rows * cols / 32);
+    float *y1 = malloc(ntok * rows * sizeof *y1), *yn = malloc(ntok * rows * sizeof *yn);
+    if (!wf || !wb || !packed || !scales || !y1 || !yn) abort();
+    for (size_t i = 0; i < rows * cols; i++) {
+        wf[i] = rnd_float(&seed);
+        wb[i] = rnd_bf16(&seed);
+    }
+    fill_mxfp4(&seed, packed, scales, rows, cols);
+    float *xf;
+    float *x = make_x(&seed, cols, &xf);
+    any_weight Ws[3] = {{.is_mxfp4 = 0, .d = {DTYPE_F32, rows, cols, wf}},
+                        {.is_mxfp4 = 0, .d = {DTYPE_BF16, rows, cols, wb}},
+                        {.is_mxfp4 = 1, .m = {rows, cols, packed, scales}}};
+    static const char *names[3] = {"f32", "bf16", "mxfp4"};
+    static const int nthreads[] = {2, 3, 4, 7};
+    int saved = omp_get_max_threads();
+    for (int l = 0; l < ts->nlevels; l++)
+        for (int wi = 0; wi < 3; wi++) {
+            omp_set_num_threads(1);
+            run_matmul(ts->levels[l], &Ws[wi], x, ntok, y1);
+            for (size_t ti = 0; ti < sizeof nthreads / sizeof nthreads[0]; ti++) {
+                omp_set_num_threads(nthreads[ti]);
+                run_matmul(ts->levels[l], &Ws[wi], x, ntok, yn);
+                CHECK(ts, bits_equal(y1, yn, ntok * rows), "threads: %s %s 1 thread != %d threads", ts->levels[l]->name,
+                      names[wi], nthreads[ti]);
+            }
+        }
+    omp_set_num_threads(saved);
+    free(xf);
+    free(wf);
+    free(wb);
+    free(packed);
+    free(scales);
+    free(y1);
+    free(yn);
+}
+
+/* Products and lane sums are in double: (1+2^-23)^2 - (1+2^-22) = 2^-46 in lane 0
+ * (float products would give 0); the other lanes get exact zeros. */
+static void test_double_products(tstate *ts) {
+    float w[9] = {0}, x[9] = {0};
+    w[0] = x[0] = 1.0f + 0x1p-23f;
+    w[8] = -(1.0f + 0x1p-22f);
+    x[8] = 1.0f;
+    for (int l = 0; l < ts->nlevels; l++) {
+        float v = ts->levels[l]->dot_f32(w, x, 9);
+        CHECK(ts, v == 0x1p-46f, "%s dot_f32: expected 2^-46 (double products), got %a", ts->levels[l]->name, v);
+    }
+    /* an fp32 overflow that double absorbs: 2^100 * 2^100 - 2^100 * 2^100 in lane 0, plus 1 */
+    float w2[10] = {0}, x2[10] = {0};
+    w2[0] = x2[0] = 0x1p100f;
+    w2[8] = -0x1p100f;
+    x2[8] = 0x1p100f;
+    w2[9] = 1.0f;
+    x2[9] = 1.0f;
+    for (int l = 0; l < ts->nlevels; l++) {
+        float v = ts->levels[l]->dot_f32(w2, x2, 10);
+        CHECK(ts, v == 1.0f, "%s dot_f32: expected 1 (no fp32 overflow), got %a", ts->levels[l]->name, v);
+    }
+}
+
+/* The partition is the documented one and not another: a sequential sum gives
+ * other bits on this data, and so does a 4-lane partition. Guards the reference. */
+static void test_partition_is_sensitive(tstate *ts) {
+    float w[16], x[16];
+    for (int i = 0; i < 16; i++) {
+        w[i] = 1.0f;
+        x[i] = 0.0f;
+    }
+    x[0] = 0x1p60f;
+    x[4] = 1.0f;
+    x[8] = -0x1p60f;
+    /* 8 lanes: lane0 = 2^60 - 2^60 = 0, lane4 = 1 -> 1. Sequential or 4 lanes: 2^60 + 1 = 2^60, then 0. */
+    for (int l = 0; l < ts->nlevels; l++) {
+        float v = ts->levels[l]->dot_f32(w, x, 16);
+        CHECK(ts, v == 1.0f, "%s dot_f32: 8-lane partition expected 1, got %a", ts->levels[l]->name, v);
+    }
+}
+
+static void test_e2m1_table(tstate *ts) {
+    static const float expect[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
+                                     -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+    for (int c = 0; c < 16; c++) {
+        CHECK(ts, memcmp(&E2M1_VALUES[c], &expect[c], sizeof(float)) == 0, "E2M1_VALUES[%d] = %a, expected %a", c,
+              E2M1_VALUES[c], expect[c]);
+        CHECK(ts, (double)E2M1_VALUES[c] == e2m1_decode((unsigned)c), "E2M1_VALUES[%d] disagrees with bit fields",
+              c);
+    }
+    CHECK(ts, signbit(E2M1_VALUES[8]), "E2M1_VALUES[8] must be -0.0");
+}
+
+/* Every code in every nibble position of one block, against the hand value. */
+static void test_mxfp4_codes(tstate *ts) {
+    uint8_t packed[16], scale = 127;
+    float x[32];
+    for (int l = 0; l < ts->nlevels; l++)
+        for (int pos = 0; pos < 32; pos++)
+            for (unsigned c = 0; c < 16; c++) {
+                memset(packed, 0, sizeof packed);
+                memset(x, 0, sizeof x);
+                packed[pos / 2] = (uint8_t)(pos % 2 == 0 ? c : c << 4);
+                /* the neighbour nibble gets a distinct code with x = 0 there: a wrong nibble reads it */
+                packed[pos / 2] |= (uint8_t)(pos % 2 == 0 ? 0x70 : 0x07);
+                x[pos] = 3.0f;
+                float v = ts->levels[l]->dot_mxfp4(packed, &scale, x, 32);
+                float want = (float)(3.0 * e2m1_decode(c));
+                if (c == 8) want = 0.0f; /* -0.0 * 3 = -0.0, added to a +0.0 lane: +0.0 */
+                CHECK(ts, memcmp(&v, &want, sizeof v) == 0, "%s mxfp4 code %u at element %d: got %a want %a",
+                      ts->levels[l]->name, c, pos, v, want);
+            }
+}
+
+/* Low nibble = even element: the kernels agree with the reference and differ
+ * from a nibble-swapped decode of the same bytes. */
+static void test_mxfp4_nibble_order(tstate *ts) {
+    uint8_t packed[16], scale = 127;
+    float x[32];
+    memset(x, 0, sizeof x);
+    memset(packed, 0, sizeof packed);
+    packed[0] = 0x21; /* element 0 = code 1 (0.5), element 1 = code 2 (1.0) */
+    x[0] = 1.0f;
+    for (int l = 0; l < ts->nlevels; l++) {
+        float v = ts->levels[l]->dot_mxfp4(packed, &scale, x, 32);
+        CHECK(ts, v == 0.5f, "%s mxfp4: byte 0x21, x=e0: expected 0.5 (low nibble = element 0), got %a",
+              ts->levels[l]->name, v);
+    }
+    uint64_t seed = 5;
+    uint8_t rp[64 * 16], rs[64];
+    float rx[64 * 32];
+    fill_mxfp4(&seed, rp, rs, 1, 64 * 32);
+    for (size_t b = 0; b < 64; b++) rs[b] = (uint8_t)(117 + b % 21); /* finite result */
+    for (size_t i = 0; i < 64 * 32; i++) rx[i] = rnd_float(&seed);
+    float right = ref_dot(REF_MXFP4, rp, rs, rx, 64 * 32);
+    float swapped = ref_dot(REF_MXFP4_SWAPPED, rp, rs, rx, 64 * 32);
+    CHECK(ts, right != swapped, "nibble-swapped decode should give a different answer (%a)", right);
+    for (int l = 0; l < ts->nlevels; l++) {
+        float v = ts->levels[l]->dot_mxfp4(rp, rs, rx, 64 * 32);
+        CHECK(ts, v == right && v != swapped, "%s mxfp4 random row: got %a, right %a, nibble-swapped %a",
+              ts->levels[l]->name, v, right, swapped);
+    }
+}
+
+/* Scale byte 0 is 2^-127 (not zero); 254 is 2^127. */
+static void test_mxfp4_scale_extremes(tstate *ts) {
+    uint8_t packed[16] = {0};
+    float x[32] = {0};
+    packed[0] = 0x07; /* element 0 = 6.0 */
+    x[0] = 0x1p100f;
+    uint8_t s0 = 0, s254 = 254;
+    for (int l = 0; l < ts->nlevels; l++) {
+        float v = ts->levels[l]->dot_mxfp4(packed, &s0, x, 32);
+        CHECK(ts, v == 6.0f * 0x1p-27f, "%s mxfp4 scale byte 0: expected 6*2^-127*2^100 = %a, got %a",
+              ts->levels[l]->name, 6.0f * 0x1p-27f, v);
+        x[0] = 0x1p-120f;
+        v = ts->levels[l]->dot_mxfp4(packed, &s254, x, 32);
+        CHECK(ts, v == 6.0f * 128.0f, "%s mxfp4 scale byte 254: expected 768, got %a", ts->levels[l]->name, v);
+        x[0] = 0x1p100f;
+    }
+    /* 6 * 2^127 overflows fp32 but not double: w*x with x = 2^-127 gives 6 exactly */
+    x[0] = 0x1p-127f; /* subnormal float */
+    for (int l = 0; l < ts->nlevels; l++) {
+        float v = ts->levels[l]->dot_mxfp4(packed, &s254, x, 32);
+        CHECK(ts, v == 6.0f, "%s mxfp4 6*2^127*2^-127: expected 6, got %a", ts->levels[l]->name, v);
+    }
+}
+
+static void test_check_scales(tstate *ts) {
+    uint8_t packed[5 * 32] = {0}, scales[5 * 2];
+    memset(scales, 127, sizeof scales);
+    mxfp4_weight W = {5, 64, packed, scales};
+    size_t bad = 12345;
+    CHECK(ts, mxfp4_check_scales(&W, &bad) == 0, "mxfp4_check_scales: clean weight refused");
+    scales[0] = 254;
+    scales[1] = 0;
+    CHECK(ts, mxfp4_check_scales(&W, &bad) == 0, "mxfp4_check_scales: bytes 0 and 254 are valid");
+    scales[7] = 255; /* row 3, second block */
+    CHECK(ts, mxfp4_check_scales(&W, &bad) == -1 && bad == 3, "mxfp4_check_scales: 255 in row 3 not found (bad=%zu)",
+          bad);
+    scales[9] = 255;
+    CHECK(ts, mxfp4_check_scales(&W, &bad) == -1 && bad == 3, "mxfp4_check_scales: first bad row must be 3 (%zu)",
+          bad);
+    scales[7] = 127;
+    CHECK(ts, mxfp4_check_scales(&W, &bad) == -1 && bad == 4, "mxfp4_check_scales: 255 in last row (bad=%zu)", bad);
+}
+
+static void test_api(tstate *ts) {
+    simd_level l = SIMD_SCALAR;
+    CHECK(ts, simd_level_parse("auto", &l) == 0 && l == SIMD_AUTO, "parse auto");
+    CHECK(ts, simd_level_parse("scalar", &l) == 0 && l == SIMD_SCALAR, "parse scalar");
+    CHECK(ts, simd_level_parse("avx2", &l) == 0 && l == SIMD_AVX2, "parse avx2");
+    CHECK(ts, simd_level_parse("avx512", &l) == 0 && l == SIMD_AVX512, "parse avx512");
+    CHECK(ts, simd_level_parse("AVX2", &l) == -1 && simd_level_parse("", &l) == -1 &&
+                  simd_level_parse("avx", &l) == -1 && simd_level_parse(NULL, &l) == -1,
+          "parse must refuse anything else");
+    const kernels *s = kernels_get(SIMD_SCALAR), *a = kernels_get(SIMD_AUTO);
+    CHECK(ts, s && s->level == SIMD_SCALAR && strcmp(s->name, "scalar") == 0, "kernels_get(SCALAR)");
+    CHECK(ts, a && a == ts->levels[ts->nlevels - 1], "kernels_get(AUTO) must be the best supported level");
+    CHECK(ts, kernels_get((simd_level)42) == NULL, "kernels_get(unknown level) must be NULL");
+}
+
+int main(void) {
+    tstate ts = {0};
+    static const simd_level want[3] = {SIMD_SCALAR, SIMD_AVX2, SIMD_AVX512};
+    for (int i = 0; i < 3; i++) {
+        const kernels *k = kernels_get(want[i]);
+        if (k) {
+            ts.levels[ts.nlevels++] = k;
+        } else {
+            printf("SKIP level %s: not supported by this CPU/build\n", i == 1 ? "avx2" : "avx512");
+        }
+    }
+    if (ts.nlevels == 0 || ts.levels[0]->level != SIMD_SCALAR) {
+        printf("FAIL: no scalar kernels\n");
+        return 1;
+    }
+    printf("levels:");
+    for (int i = 0; i < ts.nlevels; i++) printf(" %s", ts.levels[i]->name);
+    printf("\n");
+
+    test_api(&ts);
+    test_e2m1_table(&ts);
+    test_double_products(&ts);
+    test_partition_is_sensitive(&ts);
+    test_mxfp4_codes(&ts);
+    test_mxfp4_nibble_order(&ts);
+    test_mxfp4_scale_extremes(&ts);
+    test_check_scales(&ts);
+    test_dense(&ts, DTYPE_F32);
+    test_dense(&ts, DTYPE_BF16);
+    test_mxfp4_sizes(&ts);
+    test_threads(&ts);
+
+    if (ts.failures) {
+        printf("test_kernels: %d of %d checks FAILED\n", ts.failures, ts.checks);
+        return 1;
+    }
+    printf("test_kernels: all %d checks passed (%d levels)\n", ts.checks, ts.nlevels);
+    return 0;
+}

@@ -321,6 +321,35 @@ static void test_partition_is_sensitive(tstate *ts) {
     }
 }
 
+/* The lane reduction order ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)): lanes a, b hold
+ * +-2^60 and lane c holds 1 (1 + 2^60 rounds to 2^60), so every other
+ * association loses or keeps the 1 differently for some (a, b, c). */
+static void test_reduction_order(tstate *ts) {
+    static const float fill[2] = {0.0f, 1.0f};
+    float w[8], x[8];
+    for (int f = 0; f < 2; f++)
+        for (int a = 0; a < 8; a++)
+            for (int b = 0; b < 8; b++)
+                for (int c = 0; c < 8; c++) {
+                    if (a == b || a == c || b == c) continue;
+                    for (int i = 0; i < 8; i++) {
+                        w[i] = 1.0f;
+                        x[i] = fill[f];
+                    }
+                    x[a] = 0x1p60f;
+                    x[b] = -0x1p60f;
+                    x[c] = 3.0f;
+                    float want = ref_dot(REF_F32, w, NULL, x, 8);
+                    for (int l = 0; l < ts->nlevels; l++) {
+                        float v = ts->levels[l]->dot_f32(w, x, 8);
+                        CHECK(ts, memcmp(&v, &want, sizeof v) == 0,
+                              "%s reduction order: +2^60 in lane %d, -2^60 in lane %d, 3 in lane %d, fill %g: got %a "
+                              "want %a",
+                              ts->levels[l]->name, a, b, c, fill[f], v, want);
+                    }
+                }
+}
+
 static void test_e2m1_table(tstate *ts) {
     static const float expect[16] = {0.0f,  0.5f,  1.0f,  1.5f,  2.0f,  3.0f,  4.0f,  6.0f,
                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
@@ -465,6 +494,7 @@ int main(void) {
     test_e2m1_table(&ts);
     test_double_products(&ts);
     test_partition_is_sensitive(&ts);
+    test_reduction_order(&ts);
     test_mxfp4_codes(&ts);
     test_mxfp4_nibble_order(&ts);
     test_mxfp4_scale_extremes(&ts);

@@ -1,0 +1,19 @@
+/* activations.h - the small exact pieces of the model math (K3-MODEL.md 4.1).
+ * Scalar code shared by every path, so every path computes the same bits.
+ * Sums run in double, sequentially in index order. */
+#ifndef K3_ACTIVATIONS_H
+#define K3_ACTIVATIONS_H
+
+#include <stddef.h>
+
+/* y_i = w_i * x_i / sqrt(mean(x^2) + eps); y may alias x. w may be NULL (= 1). */
+void rmsnorm(float *y, const float *x, const float *w, size_t n, double eps);
+/* x / sqrt(sum(x^2) + 1e-6) * scale, in place. */
+void l2norm_scaled(float *x, size_t n, double scale);
+/* SiTU-GLU: beta*tanh(g/beta) * sigmoid(g) * lbeta*tanh(u/lbeta); sigmoid on the UNCAPPED g. */
+void situ_glu(float *out, const float *g, const float *u, size_t n, double beta, double lbeta);
+double sigmoid_d(double x);
+/* In-place softmax over n doubles (max-subtracted, double sum). */
+void softmax_d(double *x, size_t n);
+
+#endif

@@ -1,0 +1,63 @@
+/* model.h - the trunk weights of a Kimi K3 checkpoint, validated against the config.
+ *
+ * model_load opens the checkpoint, checks EVERY trunk tensor's dtype and shape
+ * against the config (F32 or BF16 accepted for any unquantised tensor) and every
+ * routed expert's six MXFP4 tensors (workers/expert_store.h), all before the
+ * first matmul. Large matrices stay in the mapped shards (dense_weight points at
+ * them); small vectors (norms, conv taps, biases, A_log) are copied to owned
+ * float arrays; the AttnRes norm*proj pair is folded into one double vector. */
+#ifndef K3_MODEL_H
+#define K3_MODEL_H
+
+#include "common/checkpoint.h"
+#include "common/config.h"
+#include "common/kernels.h"
+#include "workers/expert_store.h"
+
+typedef struct {
+    dense_weight q, k, v, f_a, f_b, b, g, o;
+    float *conv_q, *conv_k, *conv_v; /* [P][K]: tap K-1 multiplies the current token */
+    float *dt_bias;                  /* [P] */
+    float *a_log;                    /* [H]: the first H entries of the stored vector */
+    float *o_norm;                   /* [D] */
+} kda_weights;
+
+typedef struct {
+    dense_weight q_a, q_b, kv_a, kv_b, g, o;
+    float *q_a_norm, *kv_a_norm;     /* [q_lora], [kv_lora] */
+} mla_weights;
+
+typedef struct { dense_weight gate, up, down; } mlp_weights;
+
+typedef struct {
+    dense_weight router;             /* [n_experts, E] */
+    float *router_bias;              /* [n_experts] e_score_correction_bias */
+    dense_weight lat_down, lat_up;   /* [L, E], [E, L] */
+    float *lat_norm;                 /* [L] */
+    mlp_weights shared;              /* fused shared experts */
+} moe_weights;
+
+typedef struct {
+    int is_mla, is_moe;
+    double *attn_res_w, *mlp_res_w;  /* folded norm*proj, [E] */
+    float *input_norm, *post_norm;   /* [E] */
+    kda_weights kda;
+    mla_weights mla;
+    mlp_weights mlp;                 /* dense layers */
+    moe_weights moe;
+} layer_weights;
+
+typedef struct {
+    k3_config cfg;
+    checkpoint ck;
+    expert_store experts;            /* locations of every routed expert */
+    dense_weight embed, lm_head;     /* [vocab, E] */
+    float *final_norm;               /* [E] */
+    double *out_res_w;               /* folded output_attn_res_norm*proj */
+    layer_weights *layers;
+} k3_model;
+
+int model_load(const char *dir, k3_model *m, k3_error *err);
+void model_free(k3_model *m);
+
+#endif

@@ -1,0 +1,29 @@
+/* expert_batch.h - compute a list of (token, expert) pairs, grouped by expert.
+ *
+ * Pairs are grouped so each distinct expert is fetched once and applied to all
+ * of its tokens at once (prefill by expert). The caller supplies the weights of
+ * an expert through `acquire` and gives them back through `release` (a cache may
+ * pin the slot in between). out[i] receives the result of pair i; the grouping
+ * never changes a bit (expert_compute.h). Used by the in-process backend and by
+ * k3-expertd. */
+#ifndef K3_EXPERT_BATCH_H
+#define K3_EXPERT_BATCH_H
+
+#include "workers/expert_compute.h"
+
+typedef struct {
+    /* Fills w for (layer, expert); 0 or -1 with err set. */
+    int (*acquire)(void *ctx, int layer, int expert, expert_weights *w, k3_error *err);
+    void (*release)(void *ctx, int layer, int expert);
+    /* Optional: called once with every distinct expert of the batch, in the
+     * order they will be acquired, so a cache can read misses in parallel.
+     * Returns 0 or -1 with err set. */
+    int (*prefetch)(void *ctx, int layer, const int32_t *experts, size_t n, k3_error *err);
+    void *ctx;
+} expert_source;
+
+int expert_batch_run(const kernels *k, const expert_source *src, size_t L, size_t I, double situ_beta,
+                     double situ_linear_beta, int layer, const float *zlat, size_t ntok, const int32_t *pair_token,
+                     const int32_t *pair_expert, size_t npairs, float *out, k3_error *err);
+
+#endif

@@ -1,0 +1,69 @@
+/* wire.h - the msgpack messages between coordinator and expert servers.
+ *
+ * hello / ready travel over the control socket (SOCK_SEQPACKET, one message per
+ * packet); request / response headers sit in ring slots next to raw float
+ * payloads (ring.h). Every decoder validates types, ranges and lengths against
+ * the receiver's own limits and refuses anything else with a message. */
+#ifndef K3_WIRE_H
+#define K3_WIRE_H
+
+#include "common/error.h"
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    char model_dir[4096];
+    int worker, n_workers;     /* ownership: expert_owner(layer, expert, n_workers) == worker */
+    uint64_t cache_bytes;
+    int threads, node;         /* node -1: no NUMA binding */
+    uint32_t n_slots;
+    uint64_t hdr_cap, req_cap, resp_cap;
+    uint32_t max_tokens, max_pairs;
+    int life;                  /* 0 for the first start, +1 per restart */
+    char simd[16];
+} wire_hello;
+
+typedef struct {
+    int ok;
+    char error[1024];
+    int experts, cache_slots, node, direct_io;
+} wire_ready;
+
+enum { WIRE_REQ_EXPERTS = 1, WIRE_REQ_SHUTDOWN = 2 };
+
+typedef struct {
+    int kind;
+    uint64_t id;
+    int layer;
+    uint32_t ntok, npairs;
+    int32_t *pair_token, *pair_expert; /* decode: point into caller-provided arrays of max_pairs */
+} wire_request;
+
+typedef struct {
+    uint64_t id;
+    int layer;
+    uint32_t npairs;
+    int ok;
+    char error[1024];
+    uint64_t checksum;
+} wire_response;
+
+/* Encoders write at most cap bytes into buf and return the length, or -1. */
+long wire_encode_hello(const wire_hello *h, void *buf, size_t cap);
+long wire_encode_ready(const wire_ready *r, void *buf, size_t cap);
+long wire_encode_request(const wire_request *q, void *buf, size_t cap);
+long wire_encode_response(const wire_response *r, void *buf, size_t cap);
+
+int wire_decode_hello(const void *buf, size_t len, wire_hello *h, k3_error *err);
+int wire_decode_ready(const void *buf, size_t len, wire_ready *r, k3_error *err);
+/* q->pair_token / pair_expert must point at arrays of max_pairs entries. */
+int wire_decode_request(const void *buf, size_t len, uint32_t max_pairs, wire_request *q, k3_error *err);
+int wire_decode_response(const void *buf, size_t len, wire_response *r, k3_error *err);
+
+/* The deterministic ownership map: spreads each layer's experts over workers
+ * and rotates by layer so one expert index does not always land on one worker. */
+static inline int expert_owner(int layer, int expert, int n_workers) {
+    return (int)(((unsigned)expert + (unsigned)layer) % (unsigned)n_workers);
+}
+
+#endif

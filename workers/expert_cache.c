@@ -1,0 +1,281 @@
+/* expert_cache.c - LRU expert cache with an O_DIRECT reader (see expert_cache.h). */
+#define _GNU_SOURCE
+#include "workers/expert_cache.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <numa.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define IO_ALIGN 4096u
+
+enum { SLOT_EMPTY, SLOT_READING, SLOT_READY };
+
+typedef struct {
+    int state, pins, layer, expert;
+    uint64_t last_use;
+    uint8_t *buf;
+    const uint8_t *data;  /* start of the expert's bytes inside buf */
+} cache_slot;
+
+struct expert_cache {
+    const expert_store *st;
+    checkpoint *ck;
+    size_t n_slots;
+    uint64_t slot_bytes;
+    cache_slot *slots;
+    int *direct_fd;       /* per shard: O_DIRECT fd, -1 not opened, -2 refused */
+    int node, direct_ok, warned;
+    uint64_t clock;
+    expert_cache_stats stats;
+    uint8_t *arena;
+    size_t arena_bytes;
+};
+
+uint64_t expert_cache_slot_bytes(const expert_store *st) {
+    return (st->expert_bytes + 2 * IO_ALIGN + IO_ALIGN - 1) / IO_ALIGN * IO_ALIGN;
+}
+
+expert_cache *expert_cache_create(const expert_store *st, checkpoint *ck, uint64_t budget, int node, k3_error *err) {
+    uint64_t sb = expert_cache_slot_bytes(st);
+    if (budget < sb) {
+        k3_fail(err, "expert cache budget %llu bytes is below one expert slot (%llu bytes)", (unsigned long long)budget,
+                (unsigned long long)sb);
+        return NULL;
+    }
+    expert_cache *c = calloc(1, sizeof *c);
+    if (!c) { k3_fail(err, "out of memory"); return NULL; }
+    c->st = st;
+    c->ck = ck;
+    c->slot_bytes = sb;
+    c->n_slots = (size_t)(budget / sb);
+    c->node = node;
+    c->direct_ok = 1;
+    c->slots = calloc(c->n_slots, sizeof *c->slots);
+    c->direct_fd = malloc((size_t)ck->n_shards * sizeof *c->direct_fd);
+    c->arena_bytes = c->n_slots * sb;
+    if (node >= 0 && numa_available() >= 0) c->arena = numa_alloc_onnode(c->arena_bytes, node);
+    else if (posix_memalign((void **)&c->arena, IO_ALIGN, c->arena_bytes) != 0) c->arena = NULL;
+    if (!c->slots || !c->direct_fd || !c->arena) {
+        k3_fail(err, "cannot allocate an expert cache of %zu slots (%llu bytes)", c->n_slots, (unsigned long long)c->arena_bytes);
+        expert_cache_free(c);
+        return NULL;
+    }
+    for (int s = 0; s < ck->n_shards; s++) c->direct_fd[s] = -1;
+    for (size_t i = 0; i < c->n_slots; i++) c->slots[i].buf = c->arena + i * sb;
+    return c;
+}
+
+void expert_cache_free(expert_cache *c) {
+    if (!c) return;
+    if (c->direct_fd)
+        for (int s = 0; s < c->ck->n_shards; s++)
+            if (c->direct_fd[s] >= 0) close(c->direct_fd[s]);
+    if (c->arena) {
+        if (c->node >= 0 && numa_available() >= 0) numa_free(c->arena, c->arena_bytes);
+        else free(c->arena);
+    }
+    free(c->slots);
+    free(c->direct_fd);
+    free(c);
+}
+
+size_t expert_cache_slots(const expert_cache *c) { return c->n_slots; }
+int expert_cache_direct_io(const expert_cache *c) { return c->direct_ok; }
+expert_cache_stats expert_cache_get_stats(const expert_cache *c) { return c->stats; }
+
+/* Full pread with EINTR / short-read handling; returns bytes read or -1. */
+static ssize_t pread_full(int fd, void *buf, size_t n, off_t off) {
+    size_t got = 0;
+    while (got < n) {
+        ssize_t r = pread(fd, (char *)buf + got, n - got, off + (off_t)got);
+        if (r < 0) { if (errno == EINTR) continue; return -1; }
+        if (r == 0) break;
+        got += (size_t)r;
+    }
+    return (ssize_t)got;
+}
+
+static int direct_fd_for(expert_cache *c, int shard) {
+    if (c->direct_fd[shard] == -1) {
+        int fd = open(c->ck->shards[shard].file.path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+        c->direct_fd[shard] = fd >= 0 ? fd : -2;
+    }
+    return c->direct_fd[shard];
+}
+
+/* Reads one expert into slot s. Thread-safe w.r.t. other slots (no shared writes
+ * except the one-time fd opening, done before the parallel section). */
+static int read_expert(expert_cache *c, cache_slot *s, const expert_loc *loc, int use_direct, k3_error *err) {
+    const ckpt_shard *sh = &c->ck->shards[loc->t[0]->shard];
+    if (loc->contiguous) {
+        uint64_t a0 = loc->run_begin / IO_ALIGN * IO_ALIGN;
+        uint64_t a1 = (loc->run_end + IO_ALIGN - 1) / IO_ALIGN * IO_ALIGN;
+        int fd = use_direct ? c->direct_fd[loc->t[0]->shard] : -1;
+        ssize_t got = -1;
+        if (fd >= 0) got = pread_full(fd, s->buf, a1 - a0, (off_t)a0);
+        if (fd < 0 || (got < 0 && errno == EINVAL)) {
+            int bfd = checkpoint_shard_fd(c->ck, loc->t[0]->shard, err);
+            if (bfd < 0) return -1;
+            got = pread_full(bfd, s->buf, loc->run_end - loc->run_begin, (off_t)loc->run_begin);
+            if (got >= 0 && (uint64_t)got == loc->run_end - loc->run_begin) {
+                s->data = s->buf;
+                return 0;
+            }
+            a0 = loc->run_begin;
+        }
+        if (got < 0) return k3_fail(err, "read error in shard %s at offset %llu: %s", sh->file.path, (unsigned long long)a0, strerror(errno));
+        if ((uint64_t)got < loc->run_end - a0)
+            return k3_fail(err, "short read in shard %s at offset %llu: got %zd of %llu bytes (truncated shard?)", sh->file.path,
+                           (unsigned long long)a0, got, (unsigned long long)(loc->run_end - a0));
+        s->data = s->buf + (loc->run_begin - a0);
+        return 0;
+    }
+    /* not contiguous: tensor by tensor, packed back to back in the slot */
+    uint64_t off = 0;
+    for (int p = 0; p < EXPERT_NT; p++) {
+        const st_tensor *t = loc->t[p]->t;
+        const ckpt_shard *tsh = &c->ck->shards[loc->t[p]->shard];
+        int fd = checkpoint_shard_fd(c->ck, loc->t[p]->shard, err);
+        if (fd < 0) return -1;
+        ssize_t got = pread_full(fd, s->buf + off, t->end - t->begin, (off_t)t->begin);
+        if (got < 0 || (uint64_t)got != t->end - t->begin)
+            return k3_fail(err, "%s in shard %s at offset %llu (tensor '%s')", got < 0 ? "read error" : "short read",
+                           tsh->file.path, (unsigned long long)t->begin, loc->t[p]->name);
+        off += t->end - t->begin;
+    }
+    s->data = s->buf;
+    return 0;
+}
+
+/* Weights of a READY slot. */
+static void slot_weights(const expert_cache *c, const cache_slot *s, const expert_loc *loc, expert_weights *w) {
+    if (loc->contiguous) { expert_weights_from_run(c->st, loc, s->data, w); return; }
+    const uint8_t *part[EXPERT_NT];
+    uint64_t off = 0;
+    for (int p = 0; p < EXPERT_NT; p++) {
+        part[p] = s->data + off;
+        off += loc->t[p]->t->end - loc->t[p]->t->begin;
+    }
+    w->w1 = (mxfp4_weight){c->st->I, c->st->L, part[EXPERT_W1_P], part[EXPERT_W1_S]};
+    w->w2 = (mxfp4_weight){c->st->L, c->st->I, part[EXPERT_W2_P], part[EXPERT_W2_S]};
+    w->w3 = (mxfp4_weight){c->st->I, c->st->L, part[EXPERT_W3_P], part[EXPERT_W3_S]};
+}
+
+static cache_slot *find(expert_cache *c, int layer, int expert) {
+    for (size_t i = 0; i < c->n_slots; i++)
+        if (c->slots[i].state == SLOT_READY && c->slots[i].layer == layer && c->slots[i].expert == expert) return &c->slots[i];
+    return NULL;
+}
+
+static cache_slot *victim(expert_cache *c) {
+    cache_slot *best = NULL;
+    for (size_t i = 0; i < c->n_slots; i++) {
+        cache_slot *s = &c->slots[i];
+        if (s->state == SLOT_EMPTY) return s;
+        if (s->state == SLOT_READY && s->pins == 0 && (!best || s->last_use < best->last_use)) best = s;
+    }
+    return best;
+}
+
+static void open_direct_fds(expert_cache *c, const expert_loc *loc) {
+    if (c->direct_ok && loc->contiguous && direct_fd_for(c, loc->t[0]->shard) == -2) {
+        c->direct_ok = 0;
+        if (!c->warned) {
+            fprintf(stderr, "k3-expertd: O_DIRECT refused for %s; using buffered reads\n", c->ck->shards[loc->t[0]->shard].file.path);
+            c->warned = 1;
+        }
+    }
+}
+
+typedef struct { cache_slot *slot; const expert_loc *loc; } miss;
+
+static int cmp_miss(const void *a, const void *b) {
+    const miss *x = a, *y = b;
+    if (x->loc->t[0]->shard != y->loc->t[0]->shard) return x->loc->t[0]->shard < y->loc->t[0]->shard ? -1 : 1;
+    return x->loc->run_begin < y->loc->run_begin ? -1 : x->loc->run_begin > y->loc->run_begin;
+}
+
+static int cache_prefetch(void *ctx, int layer, const int32_t *experts, size_t n, k3_error *err) {
+    expert_cache *c = ctx;
+    if (c->n_slots < 2) return 0; /* one slot: everything is read on demand */
+    size_t limit = c->n_slots - 1, nm = 0, taken = 0;
+    miss *ms = malloc((n ? n : 1) * sizeof *ms);
+    if (!ms) return k3_fail(err, "out of memory");
+    for (size_t i = 0; i < n && taken < limit; i++, taken++) {
+        const expert_loc *loc = expert_store_loc(c->st, layer, experts[i]);
+        if (!loc) { free(ms); return k3_fail(err, "expert %d of layer %d is not owned by this worker", experts[i], layer); }
+        cache_slot *s = find(c, layer, experts[i]);
+        if (s) { /* resident: pin it until its use */
+            s->pins++;
+            c->stats.hits++;
+            continue;
+        }
+        s = victim(c);
+        if (!s) break;
+        *s = (cache_slot){.state = SLOT_READING, .pins = 1, .layer = layer, .expert = experts[i], .buf = s->buf};
+        open_direct_fds(c, loc);
+        ms[nm++] = (miss){s, loc};
+    }
+    qsort(ms, nm, sizeof *ms, cmp_miss); /* issue reads in file-offset order */
+    int failed = 0;
+    k3_error first = {0};
+#pragma omp parallel for schedule(static, 1)
+    for (size_t i = 0; i < nm; i++) {
+        k3_error e = {0};
+        if (read_expert(c, ms[i].slot, ms[i].loc, c->direct_ok, &e)) {
+#pragma omp critical
+            {
+                if (!failed) first = e;
+                failed = 1;
+            }
+        }
+    }
+    for (size_t i = 0; i < nm; i++) {
+        cache_slot *s = ms[i].slot;
+        if (failed) { s->state = SLOT_EMPTY; s->pins = 0; continue; }
+        s->state = SLOT_READY;
+        c->stats.misses++;
+        c->stats.bytes_read += c->st->expert_bytes;
+    }
+    free(ms);
+    if (failed) return k3_fail(err, "%s", first.msg);
+    return 0;
+}
+
+static int cache_acquire(void *ctx, int layer, int expert, expert_weights *w, k3_error *err) {
+    expert_cache *c = ctx;
+    const expert_loc *loc = expert_store_loc(c->st, layer, expert);
+    if (!loc) return k3_fail(err, "expert %d of layer %d is not owned by this worker", expert, layer);
+    cache_slot *s = find(c, layer, expert);
+    if (s && s->pins > 0) {
+        /* prefetched: its pin passes to this use (counted by the prefetch) */
+    } else if (s) {
+        s->pins++;
+        c->stats.hits++;
+    } else {
+        s = victim(c);
+        if (!s) return k3_fail(err, "expert cache: every slot is in use");
+        *s = (cache_slot){.state = SLOT_READING, .pins = 1, .layer = layer, .expert = expert, .buf = s->buf};
+        open_direct_fds(c, loc);
+        if (read_expert(c, s, loc, c->direct_ok, err)) { s->state = SLOT_EMPTY; s->pins = 0; return -1; }
+        s->state = SLOT_READY;
+        c->stats.misses++;
+        c->stats.bytes_read += c->st->expert_bytes;
+    }
+    s->last_use = ++c->clock;
+    slot_weights(c, s, loc, w);
+    return expert_weights_check(w, loc, err);
+}
+
+static void cache_release(void *ctx, int layer, int expert) {
+    expert_cache *c = ctx;
+    cache_slot *s = find(c, layer, expert);
+    if (s && s->pins > 0) s->pins--;
+}
+
+expert_source expert_cache_source(expert_cache *c) {
+    return (expert_source){.acquire = cache_acquire, .release = cache_release, .prefetch = cache_prefetch, .ctx = c};
+}

@@ -41,6 +41,11 @@ static int add_name(char ***names, size_t *n, size_t *cap, const char *s, k3_err
 }
 
 int checkpoint_open(const char *dir, checkpoint *ck, k3_error *err) {
+    return checkpoint_open_filtered(dir, NULL, NULL, ck, err);
+}
+
+int checkpoint_open_filtered(const char *dir, int (*keep)(const char *name, void *ctx), void *ctx, checkpoint *ck,
+                             k3_error *err) {
     memset(ck, 0, sizeof *ck);
     char path[4096];
     char **names = NULL;
@@ -63,6 +68,7 @@ int checkpoint_open(const char *dir, checkpoint *ck, k3_error *err) {
                 k3_fail(err, "%s: weight_map entry '%s' is not a plain shard file name", path, k);
                 goto out;
             }
+            if (keep && !keep(k, ctx)) continue;
             if (add_name(&names, &n_names, &cap, json_string_value(v), err)) goto out;
         }
         ck->has_index = 1;
@@ -110,6 +116,7 @@ int checkpoint_open(const char *dir, checkpoint *ck, k3_error *err) {
         const char *k;
         json_t *v;
         json_object_foreach(wmap, k, v) {
+            if (keep && !keep(k, ctx)) continue;
             const ckpt_entry *e = checkpoint_find(ck, k);
             const char *want = json_string_value(v);
             if (!e) { k3_fail(err, "index maps tensor '%s' to %s, but no shard contains it", k, want); goto out; }

@@ -34,6 +34,11 @@ typedef struct {
 } checkpoint;
 
 int checkpoint_open(const char *dir, checkpoint *ck, k3_error *err);
+/* With an index, opens only the shards that hold at least one tensor for which
+ * keep(name) is nonzero (an expert server opens only its experts' shards).
+ * Without an index every shard must be opened to learn its names. */
+int checkpoint_open_filtered(const char *dir, int (*keep)(const char *name, void *ctx), void *ctx, checkpoint *ck,
+                             k3_error *err);
 void checkpoint_close(checkpoint *ck);
 /* NULL if absent. */
 const ckpt_entry *checkpoint_find(const checkpoint *ck, const char *name);

@@ -1,0 +1,217 @@
+/* expertd_main.c - bin/k3-expertd, one expert server (started by bin/k3, not by users).
+ *
+ *   k3-expertd --control-fd N --ring-fd M
+ *
+ * 1. receives the msgpack hello on the control socket (model dir, ownership,
+ *    cache budget, threads, NUMA node, ring geometry), binds itself to its node,
+ *    opens only the shards that hold its experts, validates them, maps the ring
+ *    and answers ready (or a refusal that says why);
+ * 2. serves requests from the ring until told to shut down or its parent dies:
+ *    validate the header, compute every (token, expert) pair from its own cache,
+ *    write the outputs and a checksum to the response slot, publish.
+ * It holds no sequence state: killing it loses nothing but cache contents.
+ * Fault injection for tests: K3_FAULT="kind:after[:worker[:lives]]" with kind in
+ * crash|exit|hang|garbage|badsum|pause makes worker `worker` (default 0) misbehave
+ * when serving request number `after`, in its first `lives` lives (default 1). */
+#define _GNU_SOURCE
+#include "common/config.h"
+#include "common/ring.h"
+#include "common/wire.h"
+#include "workers/expert_cache.h"
+#include <errno.h>
+#include <numa.h>
+#include <omp.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+typedef struct {
+    char kind[16];
+    unsigned long after;
+    int worker, lives;
+} fault_plan;
+
+static void parse_fault(fault_plan *f) {
+    memset(f, 0, sizeof *f);
+    const char *s = getenv("K3_FAULT");
+    f->lives = 1;
+    if (!s || sscanf(s, "%15[a-z]:%lu:%d:%d", f->kind, &f->after, &f->worker, &f->lives) < 2) f->kind[0] = 0;
+}
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+typedef struct {
+    wire_hello hello;
+    k3_config cfg;
+    checkpoint ck;
+    expert_store store;
+    expert_cache *cache;
+    const kernels *k;
+    ring rg;
+} server;
+
+static int owns(int layer, int expert, void *ctx) {
+    const wire_hello *h = ctx;
+    return expert_owner(layer, expert, h->n_workers) == h->worker;
+}
+
+/* Keeps only tensor names of experts this worker owns. */
+static int keep_tensor(const char *name, void *ctx) {
+    int layer, expert, n = 0;
+    if (sscanf(name, "language_model.model.layers.%d.block_sparse_moe.experts.%d.%n", &layer, &expert, &n) == 2 && n > 0)
+        return owns(layer, expert, ctx);
+    return 0;
+}
+
+static int setup(server *sv, int ring_fd, wire_ready *ready, k3_error *err) {
+    wire_hello *h = &sv->hello;
+    if (h->node >= 0) {
+        if (numa_available() < 0) return k3_fail(err, "NUMA node %d requested but libnuma reports no NUMA support", h->node);
+        if (numa_run_on_node(h->node) != 0) return k3_fail(err, "cannot run on NUMA node %d: %s", h->node, strerror(errno));
+        numa_set_preferred(h->node);
+    }
+    omp_set_num_threads(h->threads);
+    simd_level lvl;
+    if (simd_level_parse(h->simd, &lvl) || !(sv->k = kernels_get(lvl))) return k3_fail(err, "SIMD level '%s' unavailable", h->simd);
+    if (config_load(h->model_dir, &sv->cfg, err)) return -1;
+    if (checkpoint_open_filtered(h->model_dir, keep_tensor, h, &sv->ck, err)) return -1;
+    if (expert_store_open(&sv->store, &sv->ck, &sv->cfg, owns, h, err)) return -1;
+    if (ring_attach(&sv->rg, ring_fd, h->hdr_cap, h->req_cap, h->resp_cap, h->n_slots, err)) return -1;
+    uint64_t L = (uint64_t)sv->cfg.routed_expert_hidden_size;
+    if (h->req_cap < (uint64_t)h->max_tokens * L * 4 || h->resp_cap < (uint64_t)h->max_pairs * L * 4)
+        return k3_fail(err, "ring payload capacity too small for %u tokens / %u pairs", h->max_tokens, h->max_pairs);
+    if (!(sv->cache = expert_cache_create(&sv->store, &sv->ck, h->cache_bytes, h->node, err))) return -1;
+    int n = 0;
+    for (int l = 0; l < sv->cfg.num_hidden_layers; l++)
+        for (int e = 0; e < sv->cfg.num_experts; e++) n += expert_store_loc(&sv->store, l, e) != NULL;
+    ready->experts = n;
+    ready->cache_slots = (int)expert_cache_slots(sv->cache);
+    ready->node = h->node;
+    ready->direct_io = expert_cache_direct_io(sv->cache);
+    return 0;
+}
+
+/* Serves one request already waiting in slot `seq`. Returns 1 to stop, 0 to go on. */
+static int serve(server *sv, uint64_t seq, int32_t *ptok, int32_t *pexp, const fault_plan *fp, unsigned long served) {
+    ring *rg = &sv->rg;
+    ring_ctl *ctl = rg->ctl;
+    ring_slot_head *rs = ring_req_slot(rg, seq), *out = ring_resp_slot(rg, seq);
+    wire_request q = {.pair_token = ptok, .pair_expert = pexp};
+    wire_response resp = {0};
+    k3_error err = {0};
+    uint64_t hl, pl;
+    size_t L = sv->store.L;
+    float *y = (float *)ring_slot_payload(rg, out);
+    int fault = fp->kind[0] && served == fp->after && fp->worker == sv->hello.worker && sv->hello.life < fp->lives;
+    if (fault && !strcmp(fp->kind, "crash")) raise(SIGKILL);
+    if (fault && !strcmp(fp->kind, "exit")) _exit(3);
+    if (fault && !strcmp(fp->kind, "hang")) for (;;) pause();
+    if (fault && !strcmp(fp->kind, "pause"))
+        for (int i = 0; i < 30; i++) { usleep(100000); atomic_fetch_add(&ctl->heartbeat, 1); }
+    if (ring_slot_lengths(rg, rs, seq, ctl->req_payload_cap, &hl, &pl, &err) ||
+        wire_decode_request(ring_slot_hdr(rs), hl, sv->hello.max_pairs, &q, &err)) {
+        fprintf(stderr, "k3-expertd %d: bad request: %s\n", sv->hello.worker, err.msg);
+        return 1; /* the coordinator will see no answer and restart us */
+    }
+    if (q.kind == WIRE_REQ_SHUTDOWN) return 1;
+    resp.id = q.id;
+    resp.layer = q.layer;
+    resp.npairs = q.npairs;
+    uint64_t t0 = now_ns();
+    if (q.layer >= sv->cfg.num_hidden_layers || !sv->cfg.layer_is_moe[q.layer]) k3_fail(&err, "layer %d is not a MoE layer", q.layer);
+    else if (q.ntok > sv->hello.max_tokens) k3_fail(&err, "request carries %u tokens (max %u)", q.ntok, sv->hello.max_tokens);
+    else if (pl != (uint64_t)q.ntok * L * sizeof(float)) k3_fail(&err, "payload is %llu bytes, expected %u x %zu floats", (unsigned long long)pl, q.ntok, L);
+    else {
+        for (uint32_t i = 0; i < q.npairs && !err.set; i++)
+            if (!expert_store_loc(&sv->store, q.layer, q.pair_expert[i]))
+                k3_fail(&err, "expert %d of layer %d is not owned by worker %d", q.pair_expert[i], q.layer, sv->hello.worker);
+        if (!err.set) {
+            expert_source src = expert_cache_source(sv->cache);
+            expert_batch_run(sv->k, &src, L, sv->store.I, sv->cfg.situ_beta, sv->cfg.situ_linear_beta, q.layer,
+                             (const float *)ring_slot_payload(rg, rs), q.ntok, q.pair_token, q.pair_expert, q.npairs, y, &err);
+        }
+    }
+    uint64_t payload = err.set ? 0 : (uint64_t)q.npairs * L * sizeof(float);
+    resp.ok = !err.set;
+    if (err.set) snprintf(resp.error, sizeof resp.error, "worker %d: %.980s", sv->hello.worker, err.msg);
+    resp.checksum = payload_checksum(y, payload);
+    expert_cache_stats cs = expert_cache_get_stats(sv->cache);
+    atomic_store(&ctl->stat_hits, cs.hits);
+    atomic_store(&ctl->stat_misses, cs.misses);
+    atomic_store(&ctl->stat_bytes_read, cs.bytes_read);
+    atomic_fetch_add(&ctl->stat_compute_ns, now_ns() - t0);
+    atomic_fetch_add(&ctl->stat_requests, 1);
+    long hlen = wire_encode_response(&resp, ring_slot_hdr(out), ctl->hdr_cap);
+    if (hlen < 0) return 1;
+    if (fault && !strcmp(fp->kind, "garbage"))
+        for (long i = 0; i < hlen; i++) ring_slot_hdr(out)[i] ^= (unsigned char)(0x5a + i);
+    if (fault && !strcmp(fp->kind, "badsum") && payload) ((unsigned char *)y)[payload / 2] ^= 1;
+    ring_publish(out, seq, (uint64_t)hlen, payload, &ctl->resp_items);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    int control_fd = -1, ring_fd = -1;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--control-fd")) control_fd = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--ring-fd")) ring_fd = atoi(argv[i + 1]);
+    }
+    if (control_fd < 0 || ring_fd < 0) {
+        fprintf(stderr, "k3-expertd is started by bin/k3 (--workers N); it is not run by hand\n");
+        return 2;
+    }
+    prctl(PR_SET_PDEATHSIG, SIGKILL); /* a dead coordinator takes its workers with it */
+    pid_t parent = getppid();
+    if (parent == 1) return 1;
+    static server sv;
+    unsigned char msg[8192];
+    struct pollfd pfd = {control_fd, POLLIN, 0};
+    if (poll(&pfd, 1, 30000) <= 0) { fprintf(stderr, "k3-expertd: no hello within 30 s\n"); return 1; }
+    ssize_t n = recv(control_fd, msg, sizeof msg, 0);
+    k3_error err = {0};
+    wire_ready ready = {0};
+    if (n <= 0 || wire_decode_hello(msg, (size_t)n, &sv.hello, &err) || setup(&sv, ring_fd, &ready, &err)) {
+        ready.ok = 0;
+        snprintf(ready.error, sizeof ready.error, "%.1000s", err.set ? err.msg : "no hello");
+    } else ready.ok = 1;
+    long len = wire_encode_ready(&ready, msg, sizeof msg);
+    if (len < 0 || send(control_fd, msg, (size_t)len, 0) != len || !ready.ok) return 1;
+
+    fault_plan fp;
+    parse_fault(&fp);
+    int32_t *ptok = malloc(sv.hello.max_pairs * sizeof *ptok), *pexp = malloc(sv.hello.max_pairs * sizeof *pexp);
+    if (!ptok || !pexp) return 1;
+    uint64_t seq = 0;
+    unsigned long served = 0;
+    for (;;) {
+        uint64_t w0 = now_ns();
+        int got = ring_wait(&sv.rg.ctl->req_items, 1000);
+        if (got < 0) break;
+        if (got == 0) {
+            if (getppid() != parent) break;
+            continue;
+        }
+        atomic_fetch_add(&sv.rg.ctl->stat_wait_ns, now_ns() - w0);
+        atomic_fetch_add(&sv.rg.ctl->heartbeat, 1);
+        if (serve(&sv, ++seq, ptok, pexp, &fp, ++served)) break;
+        atomic_fetch_add(&sv.rg.ctl->heartbeat, 1);
+    }
+    free(ptok);
+    free(pexp);
+    expert_cache_free(sv.cache);
+    expert_store_free(&sv.store);
+    checkpoint_close(&sv.ck);
+    config_free(&sv.cfg);
+    ring_close(&sv.rg);
+    return 0;
+}

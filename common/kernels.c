@@ -110,20 +110,67 @@ int simd_level_parse(const char *s, simd_level *out) {
     return -1;
 }
 
-/* ---- drivers: threads split rows; each (row, token) is one dot of the fixed partition ---- */
+/* ---- drivers: threads split rows; each (row, token) is one dot of the fixed partition ----
+ * Rows go in blocks of K3_ROWBLOCK; for a level with row-block kernels a full block
+ * is computed by them (same bits as the single-row dot, checked by the unit test),
+ * otherwise, and for a partial last block, by the level's dot function. A block's
+ * weights stay in cache while the tokens are looped over. */
+
+static k3_rows_f32_fn rows_f32_for(const kernels *k) {
+#ifdef K3_HAVE_X86_KERNELS
+    if (k->dot_f32 == k3_dot_f32_avx512) return k3_rows_f32_avx512;
+#endif
+    (void)k;
+    return NULL;
+}
+
+static k3_rows_bf16_fn rows_bf16_for(const kernels *k) {
+#ifdef K3_HAVE_X86_KERNELS
+    if (k->dot_bf16 == k3_dot_bf16_avx512) return k3_rows_bf16_avx512;
+#endif
+    (void)k;
+    return NULL;
+}
+
+static k3_rows_mxfp4_fn rows_mxfp4_for(const kernels *k) {
+#ifdef K3_HAVE_X86_KERNELS
+    if (k->dot_mxfp4 == k3_dot_mxfp4_avx512) return k3_rows_mxfp4_avx512;
+    if (k->dot_mxfp4 == k3_dot_mxfp4_avx2) return k3_rows_mxfp4_avx2;
+#endif
+    (void)k;
+    return NULL;
+}
 
 void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_t ntok, float *y) {
-    const size_t rows = W->rows, cols = W->cols;
+    const size_t rows = W->rows, cols = W->cols, nblk = (rows + K3_ROWBLOCK - 1) / K3_ROWBLOCK;
     if (W->dtype == DTYPE_F32) {
         const float *wd = W->data;
+        const k3_rows_f32_fn blk = rows_f32_for(k);
 #pragma omp parallel for schedule(static)
-        for (size_t r = 0; r < rows; r++)
-            for (size_t t = 0; t < ntok; t++) y[t * rows + r] = k->dot_f32(wd + r * cols, x + t * cols, cols);
+        for (size_t bi = 0; bi < nblk; bi++) {
+            const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;
+            for (size_t t = 0; t < ntok; t++) {
+                float o[K3_ROWBLOCK];
+                if (blk && nr == K3_ROWBLOCK) blk(wd + r0 * cols, x + t * cols, cols, o);
+                else
+                    for (size_t j = 0; j < nr; j++) o[j] = k->dot_f32(wd + (r0 + j) * cols, x + t * cols, cols);
+                memcpy(y + t * rows + r0, o, nr * sizeof *o);
+            }
+        }
     } else if (W->dtype == DTYPE_BF16) {
         const uint16_t *wd = W->data;
+        const k3_rows_bf16_fn blk = rows_bf16_for(k);
 #pragma omp parallel for schedule(static)
-        for (size_t r = 0; r < rows; r++)
-            for (size_t t = 0; t < ntok; t++) y[t * rows + r] = k->dot_bf16(wd + r * cols, x + t * cols, cols);
+        for (size_t bi = 0; bi < nblk; bi++) {
+            const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;
+            for (size_t t = 0; t < ntok; t++) {
+                float o[K3_ROWBLOCK];
+                if (blk && nr == K3_ROWBLOCK) blk(wd + r0 * cols, x + t * cols, cols, o);
+                else
+                    for (size_t j = 0; j < nr; j++) o[j] = k->dot_bf16(wd + (r0 + j) * cols, x + t * cols, cols);
+                memcpy(y + t * rows + r0, o, nr * sizeof *o);
+            }
+        }
     } else {
         fprintf(stderr, "k3: matmul_dense: unknown weight dtype %d\n", (int)W->dtype);
         abort();
@@ -131,15 +178,25 @@ void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_
 }
 
 void matmul_mxfp4(const kernels *k, const mxfp4_weight *W, const float *x, size_t ntok, float *y) {
-    const size_t rows = W->rows, cols = W->cols;
+    const size_t rows = W->rows, cols = W->cols, nblk = (rows + K3_ROWBLOCK - 1) / K3_ROWBLOCK;
     if (cols % 32 != 0) { /* refused at load time; reaching here is a programming error */
         fprintf(stderr, "k3: matmul_mxfp4: cols %zu is not a multiple of 32\n", cols);
         abort();
     }
+    const k3_rows_mxfp4_fn blk = rows_mxfp4_for(k);
 #pragma omp parallel for schedule(static)
-    for (size_t r = 0; r < rows; r++)
-        for (size_t t = 0; t < ntok; t++)
-            y[t * rows + r] = k->dot_mxfp4(W->packed + r * (cols / 2), W->scales + r * (cols / 32), x + t * cols, cols);
+    for (size_t bi = 0; bi < nblk; bi++) {
+        const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;
+        const uint8_t *p = W->packed + r0 * (cols / 2), *s = W->scales + r0 * (cols / 32);
+        for (size_t t = 0; t < ntok; t++) {
+            float o[K3_ROWBLOCK];
+            if (blk && nr == K3_ROWBLOCK) blk(p, s, x + t * cols, cols, o);
+            else
+                for (size_t j = 0; j < nr; j++)
+                    o[j] = k->dot_mxfp4(p + j * (cols / 2), s + j * (cols / 32), x + t * cols, cols);
+            memcpy(y + t * rows + r0, o, nr * sizeof *o);
+        }
+    }
 }
 
 int mxfp4_check_scales(const mxfp4_weight *W, size_t *bad_row) {

@@ -1,8 +1,9 @@
 /* kernels_avx2.c - AVX2 dot products of the exact kernel contract (kernels.h):
  * the 8 double lanes live in two __m256d (lanes 0-3 and 4-7); products are formed
  * exactly in double (multiply, then add: never FMA), tails add +0.0 to the empty
- * lanes, and the lanes are reduced in the fixed order of k3_reduce8.
- * Compiled with -mavx2 -mfma. */
+ * lanes, and the lanes are reduced in the fixed order of k3_reduce8. Single-row
+ * dots plus a K3_ROWBLOCK-row MXFP4 kernel running the same per-row operations
+ * interleaved. Compiled with -mavx2 -mfma. */
 #include "common/kernels_impl.h"
 
 #ifdef K3_HAVE_X86_KERNELS
@@ -56,38 +57,74 @@ float k3_dot_bf16_avx2(const uint16_t *w, const float *x, size_t n) {
     return reduce256(a0, a1);
 }
 
-/* One group of 8 elements, codes in the low 8 bytes of c (bits 4..7 of each byte
- * are ignored): magnitude from an 8-entry table (vpermps reads index bits 0..2),
- * sign from code bit 3, so codes 8..15 are the negatives (8 is -0.0). */
-#define K3_MXFP4_GROUP(c, xp)                                                                             \
+/* MXFP4. Element k of a 32-bit little-endian word of packed bytes sits in bits
+ * 4k..4k+3 (byte j: element 2j in the low nibble, 2j+1 in the high one), so
+ * broadcasting the word and shifting lane k right by 4k puts element k's code in
+ * bits 0..3 of lane k. The magnitude comes from an 8-entry table (vpermps reads
+ * index bits 0..2), the sign from code bit 3 (codes 8..15 are the negatives, 8 is
+ * -0.0); E2M1 * 2^(s-127) is then formed exactly in double. */
+typedef struct {
+    __m256 mag;
+    __m256i sh, signbit;
+} mxfp4_consts;
+
+static inline mxfp4_consts mxfp4_init(void) {
+    mxfp4_consts c;
+    c.mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
+    c.sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
+    c.signbit = _mm256_set1_epi32((int)0x80000000u);
+    return c;
+}
+
+/* the 8 E2M1 values (as floats) of the elements whose codes are in the word at p */
+static inline __m256 mxfp4_e8(const mxfp4_consts *c, const uint8_t *p) {
+    uint32_t q;
+    memcpy(&q, p, sizeof q);
+    __m256i codes = _mm256_srlv_epi32(_mm256_set1_epi32((int)q), c->sh);
+    __m256 sgn = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(codes, 28), c->signbit));
+    return _mm256_or_ps(_mm256_permutevar8x32_ps(c->mag, codes), sgn);
+}
+
+/* a0/a1 += the 8 products of one group: e (E2M1 floats), scale s, x as two __m256d */
+#define K3_MXFP4_ACC(a0, a1, e, s, x0, x1)                                                                \
     do {                                                                                                  \
-        __m256i ci_ = _mm256_cvtepu8_epi32(c);                                                            \
-        __m256 sgn_ = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(ci_, 28), signbit));         \
-        __m256 e_ = _mm256_or_ps(_mm256_permutevar8x32_ps(mag, ci_), sgn_);                               \
-        __m256 x8_ = _mm256_loadu_ps(xp);                                                                 \
-        __m256d w0_ = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(e_)), scale);                  \
-        __m256d w1_ = _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(e_, 1)), scale);                \
-        a0 = _mm256_add_pd(a0, _mm256_mul_pd(w0_, _mm256_cvtps_pd(_mm256_castps256_ps128(x8_))));         \
-        a1 = _mm256_add_pd(a1, _mm256_mul_pd(w1_, _mm256_cvtps_pd(_mm256_extractf128_ps(x8_, 1))));       \
+        __m256 e_ = (e);                                                                                  \
+        a0 = _mm256_add_pd(a0, _mm256_mul_pd(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(e_)), s), x0)); \
+        a1 = _mm256_add_pd(a1, _mm256_mul_pd(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(e_, 1)), s), x1)); \
     } while (0)
 
 float k3_dot_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n) {
-    const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
-    const __m256i signbit = _mm256_set1_epi32((int)0x80000000u);
+    const mxfp4_consts c = mxfp4_init();
     __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
     for (size_t b = 0; b < n / 32; b++) {
-        const __m256d scale = _mm256_set1_pd(k3_mxfp4_scale(scales[b]));
-        __m128i p = _mm_loadu_si128((const __m128i *)(packed + b * 16));
-        __m128i hi = _mm_srli_epi16(p, 4);
-        __m128i c0 = _mm_unpacklo_epi8(p, hi); /* elements 0..15: low nibble first */
-        __m128i c1 = _mm_unpackhi_epi8(p, hi); /* elements 16..31 */
-        const float *xb = x + b * 32;
-        K3_MXFP4_GROUP(c0, xb);
-        K3_MXFP4_GROUP(_mm_unpackhi_epi64(c0, c0), xb + 8);
-        K3_MXFP4_GROUP(c1, xb + 16);
-        K3_MXFP4_GROUP(_mm_unpackhi_epi64(c1, c1), xb + 24);
+        const __m256d s = _mm256_set1_pd(k3_mxfp4_scale(scales[b]));
+        for (size_t g = 0; g < 4; g++) {
+            __m256 x8 = _mm256_loadu_ps(x + b * 32 + g * 8);
+            __m256d x0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x8)), x1 = _mm256_cvtps_pd(_mm256_extractf128_ps(x8, 1));
+            K3_MXFP4_ACC(a0, a1, mxfp4_e8(&c, packed + b * 16 + g * 4), s, x0, x1);
+        }
     }
     return reduce256(a0, a1);
+}
+
+/* K3_ROWBLOCK (4) consecutive rows, interleaved group by group; x converted once. */
+void k3_rows_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out) {
+    const mxfp4_consts c = mxfp4_init();
+    const size_t pr = n / 2, sr = n / 32;
+    __m256d a[K3_ROWBLOCK][2];
+    for (int r = 0; r < K3_ROWBLOCK; r++) a[r][0] = a[r][1] = _mm256_setzero_pd();
+    for (size_t b = 0; b < n / 32; b++) {
+        double sc[K3_ROWBLOCK];
+        for (int r = 0; r < K3_ROWBLOCK; r++) sc[r] = k3_mxfp4_scale(scales[(size_t)r * sr + b]);
+        for (size_t g = 0; g < 4; g++) {
+            __m256 x8 = _mm256_loadu_ps(x + b * 32 + g * 8);
+            __m256d x0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x8)), x1 = _mm256_cvtps_pd(_mm256_extractf128_ps(x8, 1));
+            for (int r = 0; r < K3_ROWBLOCK; r++)
+                K3_MXFP4_ACC(a[r][0], a[r][1], mxfp4_e8(&c, packed + (size_t)r * pr + b * 16 + g * 4),
+                             _mm256_broadcast_sd(&sc[r]), x0, x1);
+        }
+    }
+    for (int r = 0; r < K3_ROWBLOCK; r++) out[r] = reduce256(a[r][0], a[r][1]);
 }
 
 #endif

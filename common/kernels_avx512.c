@@ -1,11 +1,17 @@
 /* kernels_avx512.c - AVX-512 dot products of the exact kernel contract (kernels.h):
  * the 8 double lanes live in one __m512d; products are formed exactly in double
  * (multiply, then add: never FMA), tails add +0.0 to the empty lanes, and the
- * lanes are reduced in the fixed order of k3_reduce8. Compiled with -mavx512*. */
+ * lanes are reduced in the fixed order of k3_reduce8. Single-row dots plus
+ * K3_ROWBLOCK-row kernels that run the same per-row operations interleaved.
+ * Compiled with -mavx512f -mavx512bw -mavx512dq -mavx512vl. */
 #include "common/kernels_impl.h"
 
 #ifdef K3_HAVE_X86_KERNELS
 #include <immintrin.h>
+
+#if K3_ROWBLOCK != 4
+#error "the row-block kernels below are written for 4 rows"
+#endif
 
 static inline float reduce512(__m512d acc) {
     double l[8];
@@ -13,73 +19,167 @@ static inline float reduce512(__m512d acc) {
     return k3_reduce8(l);
 }
 
+/* lanes += w * x, the 8 products exact in double */
+static inline __m512d acc8(__m512d acc, __m512d wd, __m512d xd) { return _mm512_add_pd(acc, _mm512_mul_pd(wd, xd)); }
+
+static inline __m512d f32x8(const float *p) { return _mm512_cvtps_pd(_mm256_loadu_ps(p)); }
+/* masked-off lanes load +0.0f, so a tail adds 0 * 0 = +0.0 to the empty lanes */
+static inline __m512d f32x8_tail(const float *p, __mmask8 m) { return _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, p)); }
+static inline __mmask8 tail_mask(size_t left) { return (__mmask8)((1u << left) - 1); }
+
+static inline __m512d bf16x8_to_pd(__m128i h) {
+    __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16); /* bf16 -> f32 is a 16-bit shift */
+    return _mm512_cvtps_pd(_mm256_castsi256_ps(u));
+}
+static inline __m512d bf16x8(const uint16_t *p) { return bf16x8_to_pd(_mm_loadu_si128((const __m128i *)p)); }
+static inline __m512d bf16x8_tail(const uint16_t *p, __mmask8 m) { return bf16x8_to_pd(_mm_maskz_loadu_epi16(m, p)); }
+
+/* ---- dense F32 ---- */
+
 float k3_dot_f32_avx512(const float *w, const float *x, size_t n) {
     __m512d acc = _mm512_setzero_pd();
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m512d wd = _mm512_cvtps_pd(_mm256_loadu_ps(w + i));
-        __m512d xd = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
-        acc = _mm512_add_pd(acc, _mm512_mul_pd(wd, xd));
-    }
-    if (i < n) { /* masked-off lanes load +0.0f: their product is +0.0 */
-        __mmask8 m = (__mmask8)((1u << (n - i)) - 1);
-        __m512d wd = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, w + i));
-        __m512d xd = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + i));
-        acc = _mm512_add_pd(acc, _mm512_mul_pd(wd, xd));
+    for (; i + 8 <= n; i += 8) acc = acc8(acc, f32x8(w + i), f32x8(x + i));
+    if (i < n) {
+        __mmask8 m = tail_mask(n - i);
+        acc = acc8(acc, f32x8_tail(w + i, m), f32x8_tail(x + i, m));
     }
     return reduce512(acc);
 }
 
-static inline __m512d bf16x8_to_pd(__m128i h) {
-    __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16);
-    return _mm512_cvtps_pd(_mm256_castsi256_ps(u));
+void k3_rows_f32_avx512(const float *w, const float *x, size_t n, float *out) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    const float *w1 = w + n, *w2 = w + 2 * n, *w3 = w + 3 * n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m512d xd = f32x8(x + i);
+        a0 = acc8(a0, f32x8(w + i), xd);
+        a1 = acc8(a1, f32x8(w1 + i), xd);
+        a2 = acc8(a2, f32x8(w2 + i), xd);
+        a3 = acc8(a3, f32x8(w3 + i), xd);
+    }
+    if (i < n) {
+        __mmask8 m = tail_mask(n - i);
+        __m512d xd = f32x8_tail(x + i, m);
+        a0 = acc8(a0, f32x8_tail(w + i, m), xd);
+        a1 = acc8(a1, f32x8_tail(w1 + i, m), xd);
+        a2 = acc8(a2, f32x8_tail(w2 + i, m), xd);
+        a3 = acc8(a3, f32x8_tail(w3 + i, m), xd);
+    }
+    out[0] = reduce512(a0);
+    out[1] = reduce512(a1);
+    out[2] = reduce512(a2);
+    out[3] = reduce512(a3);
 }
+
+/* ---- dense BF16 ---- */
 
 float k3_dot_bf16_avx512(const uint16_t *w, const float *x, size_t n) {
     __m512d acc = _mm512_setzero_pd();
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        __m512d wd = bf16x8_to_pd(_mm_loadu_si128((const __m128i *)(w + i)));
-        __m512d xd = _mm512_cvtps_pd(_mm256_loadu_ps(x + i));
-        acc = _mm512_add_pd(acc, _mm512_mul_pd(wd, xd));
-    }
+    for (; i + 8 <= n; i += 8) acc = acc8(acc, bf16x8(w + i), f32x8(x + i));
     if (i < n) {
-        __mmask8 m = (__mmask8)((1u << (n - i)) - 1);
-        __m512d wd = bf16x8_to_pd(_mm_maskz_loadu_epi16(m, w + i));
-        __m512d xd = _mm512_cvtps_pd(_mm256_maskz_loadu_ps(m, x + i));
-        acc = _mm512_add_pd(acc, _mm512_mul_pd(wd, xd));
+        __mmask8 m = tail_mask(n - i);
+        acc = acc8(acc, bf16x8_tail(w + i, m), f32x8_tail(x + i, m));
     }
     return reduce512(acc);
 }
 
-/* One group of 8 elements: codes in the low 8 bytes of c (only bits 0..3 of each
- * byte matter: vpermt2pd reads index bits 0..2 and bit 3 selects the table half),
- * so the negative codes 8..15 pick the second table. */
-static inline __m512d mxfp4_group(__m512d acc, __m128i c, __m512d tlo, __m512d thi, __m512d scale,
-                                  const float *x) {
-    __m512d e = _mm512_permutex2var_pd(tlo, _mm512_cvtepu8_epi64(c), thi);
-    __m512d wd = _mm512_mul_pd(e, scale); /* E2M1 * 2^k: exact */
-    __m512d xd = _mm512_cvtps_pd(_mm256_loadu_ps(x));
-    return _mm512_add_pd(acc, _mm512_mul_pd(wd, xd));
+void k3_rows_bf16_avx512(const uint16_t *w, const float *x, size_t n, float *out) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    const uint16_t *w1 = w + n, *w2 = w + 2 * n, *w3 = w + 3 * n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m512d xd = f32x8(x + i);
+        a0 = acc8(a0, bf16x8(w + i), xd);
+        a1 = acc8(a1, bf16x8(w1 + i), xd);
+        a2 = acc8(a2, bf16x8(w2 + i), xd);
+        a3 = acc8(a3, bf16x8(w3 + i), xd);
+    }
+    if (i < n) {
+        __mmask8 m = tail_mask(n - i);
+        __m512d xd = f32x8_tail(x + i, m);
+        a0 = acc8(a0, bf16x8_tail(w + i, m), xd);
+        a1 = acc8(a1, bf16x8_tail(w1 + i, m), xd);
+        a2 = acc8(a2, bf16x8_tail(w2 + i, m), xd);
+        a3 = acc8(a3, bf16x8_tail(w3 + i, m), xd);
+    }
+    out[0] = reduce512(a0);
+    out[1] = reduce512(a1);
+    out[2] = reduce512(a2);
+    out[3] = reduce512(a3);
+}
+
+/* ---- MXFP4 ----
+ * One 32-element block: 16 packed bytes, one scale byte. Element k of a 64-bit
+ * little-endian word of packed bytes sits in bits 4k..4k+3 (byte j: element 2j in
+ * the low nibble, 2j+1 in the high one), so broadcasting the word and shifting lane
+ * k right by 4k (or 4k-32) puts element k's code in bits 0..3 of lane k. vpermi2pd
+ * reads exactly those bits: 0..2 pick the entry, bit 3 (the sign) picks the
+ * negative half of the table. The table is pre-multiplied by the block scale
+ * 2^(s-127): E2M1 * 2^k is exact in double, so the weight equals the scalar one. */
+
+typedef struct {
+    __m512i sh_lo, sh_hi; /* shifts for elements 0..7 and 8..15 of a 64-bit word */
+    __m512d pos, neg;     /* E2M1 codes 0..7 and 8..15 */
+} mxfp4_consts;
+
+static inline mxfp4_consts mxfp4_init(void) {
+    mxfp4_consts c;
+    c.sh_lo = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
+    c.sh_hi = _mm512_setr_epi64(32, 36, 40, 44, 48, 52, 56, 60);
+    c.pos = _mm512_setr_pd(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
+    c.neg = _mm512_setr_pd(-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0);
+    return c;
+}
+
+static inline __m512i bcast_word(const uint8_t *p) {
+    uint64_t q;
+    memcpy(&q, p, sizeof q);
+    return _mm512_set1_epi64((long long)q);
+}
+
+/* acc += the 32 products of one block, x0..x3 its 32 activations in double */
+static inline __m512d mxfp4_block(const mxfp4_consts *c, __m512d acc, const uint8_t *packed, uint8_t scale,
+                                  __m512d x0, __m512d x1, __m512d x2, __m512d x3) {
+    __m512d s = _mm512_set1_pd(k3_mxfp4_scale(scale));
+    __m512d tpos = _mm512_mul_pd(c->pos, s), tneg = _mm512_mul_pd(c->neg, s);
+    __m512i q0 = bcast_word(packed), q1 = bcast_word(packed + 8);
+    acc = acc8(acc, _mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q0, c->sh_lo), tneg), x0);
+    acc = acc8(acc, _mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q0, c->sh_hi), tneg), x1);
+    acc = acc8(acc, _mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q1, c->sh_lo), tneg), x2);
+    acc = acc8(acc, _mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q1, c->sh_hi), tneg), x3);
+    return acc;
 }
 
 float k3_dot_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n) {
-    const __m512d tlo = _mm512_setr_pd(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
-    const __m512d thi = _mm512_setr_pd(-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0);
+    const mxfp4_consts c = mxfp4_init();
     __m512d acc = _mm512_setzero_pd();
     for (size_t b = 0; b < n / 32; b++) {
-        __m512d scale = _mm512_set1_pd(k3_mxfp4_scale(scales[b]));
-        __m128i p = _mm_loadu_si128((const __m128i *)(packed + b * 16));
-        __m128i hi = _mm_srli_epi16(p, 4); /* byte j: high nibble of byte j in bits 0..3 */
-        __m128i c0 = _mm_unpacklo_epi8(p, hi); /* elements 0..15: low nibble first */
-        __m128i c1 = _mm_unpackhi_epi8(p, hi); /* elements 16..31 */
         const float *xb = x + b * 32;
-        acc = mxfp4_group(acc, c0, tlo, thi, scale, xb);
-        acc = mxfp4_group(acc, _mm_unpackhi_epi64(c0, c0), tlo, thi, scale, xb + 8);
-        acc = mxfp4_group(acc, c1, tlo, thi, scale, xb + 16);
-        acc = mxfp4_group(acc, _mm_unpackhi_epi64(c1, c1), tlo, thi, scale, xb + 24);
+        acc = mxfp4_block(&c, acc, packed + b * 16, scales[b], f32x8(xb), f32x8(xb + 8), f32x8(xb + 16),
+                          f32x8(xb + 24));
     }
     return reduce512(acc);
+}
+
+void k3_rows_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out) {
+    const mxfp4_consts c = mxfp4_init();
+    const size_t pr = n / 2, sr = n / 32; /* row strides */
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
+    for (size_t b = 0; b < n / 32; b++) {
+        const float *xb = x + b * 32;
+        const uint8_t *p = packed + b * 16, *s = scales + b;
+        __m512d x0 = f32x8(xb), x1 = f32x8(xb + 8), x2 = f32x8(xb + 16), x3 = f32x8(xb + 24);
+        a0 = mxfp4_block(&c, a0, p, s[0], x0, x1, x2, x3);
+        a1 = mxfp4_block(&c, a1, p + pr, s[sr], x0, x1, x2, x3);
+        a2 = mxfp4_block(&c, a2, p + 2 * pr, s[2 * sr], x0, x1, x2, x3);
+        a3 = mxfp4_block(&c, a3, p + 3 * pr, s[3 * sr], x0, x1, x2, x3);
+    }
+    out[0] = reduce512(a0);
+    out[1] = reduce512(a1);
+    out[2] = reduce512(a2);
+    out[3] = reduce512(a3);
 }
 
 #endif

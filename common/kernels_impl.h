@@ -11,14 +11,28 @@
 
 #include "common/kernels.h"
 
+/* Row-block kernels: out[j] = the dot of row j (j < K3_ROWBLOCK) with x, the rows
+ * being consecutive in memory (row j at w + j*n; for MXFP4 at packed + j*n/2 and
+ * scales + j*n/32). Each out[j] has exactly the bits of the level's single-row dot:
+ * the rows are only interleaved so that their independent accumulation chains
+ * overlap and the conversion of x is shared. The drivers use them for full blocks. */
+#define K3_ROWBLOCK 4
+typedef void (*k3_rows_f32_fn)(const float *w, const float *x, size_t n, float *out);
+typedef void (*k3_rows_bf16_fn)(const uint16_t *w, const float *x, size_t n, float *out);
+typedef void (*k3_rows_mxfp4_fn)(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out);
+
 #if defined(__x86_64__) || defined(__i386__)
 #define K3_HAVE_X86_KERNELS 1
 float k3_dot_f32_avx2(const float *w, const float *x, size_t n);
 float k3_dot_bf16_avx2(const uint16_t *w, const float *x, size_t n);
 float k3_dot_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n);
+void k3_rows_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out);
 float k3_dot_f32_avx512(const float *w, const float *x, size_t n);
 float k3_dot_bf16_avx512(const uint16_t *w, const float *x, size_t n);
 float k3_dot_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n);
+void k3_rows_f32_avx512(const float *w, const float *x, size_t n, float *out);
+void k3_rows_bf16_avx512(const uint16_t *w, const float *x, size_t n, float *out);
+void k3_rows_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out);
 #endif
 
 /* 2^(s-127) as a double, exact for every byte s (s = 0 gives 2^-127, a normal double). */

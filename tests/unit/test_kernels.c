@@ -1,7 +1,9 @@
 /* test_kernels.c - unit test of the exact kernels (common/kernels.h): the scalar
  * path against an independent re-implementation of the documented partition,
  * scalar / AVX2 / AVX-512 bit-identical (dense F32, dense BF16, MXFP4, many sizes
- * and tails), multi-token == single-token, 1 thread == many threads, MXFP4
+ * and tails; row counts with full and partial 4-row blocks, so the drivers'
+ * row-block kernels are checked against the single-row dots), multi-token ==
+ * single-token, 1 thread == many threads, MXFP4
  * decoding traps (nibble order, scale byte 0, negative codes, E2M1 table) and
  * mxfp4_check_scales. Exits non-zero and prints every failure. */
 #include <math.h>

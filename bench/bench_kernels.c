@@ -1,0 +1,234 @@
+/* bench_kernels.c - speed of the exact kernels against this machine's memory:
+ * measures the read bandwidth (multithreaded sum over a buffer far larger than
+ * the caches), then bf16 matrix-vector at 12288x7168 and MXFP4 matrix-vector at
+ * an expert's shapes (w1/w3 3072x3584, w2 3584x3072), for 1 thread and all
+ * threads, at the selected SIMD level and at scalar. Prints a markdown table:
+ * time per call, GB/s of weight bytes streamed, fraction of the read bandwidth
+ * measured with the same thread count.
+ * Usage: bench_kernels [--simd auto|avx2|avx512|scalar] [--quick] */
+#include <emmintrin.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/kernels.h"
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static uint64_t rng_next(uint64_t *s) { /* splitmix64 */
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static void *xmalloc(size_t n) {
+    void *p = NULL;
+    if (posix_memalign(&p, 64, n ? n : 64) != 0) {
+        fprintf(stderr, "bench_kernels: out of memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+/* Parallel first touch + random fill, so pages are spread like the runs that use them. */
+static void fill_random(uint8_t *p, size_t n, uint64_t seed) {
+#pragma omp parallel for schedule(static)
+    for (size_t c = 0; c < (n + 4095) / 4096; c++) {
+        uint64_t s = seed ^ (c * 0x9e3779b97f4a7c15ull);
+        size_t end = (c + 1) * 4096 < n ? (c + 1) * 4096 : n;
+        for (size_t i = c * 4096; i < end; i += 8) {
+            uint64_t r = rng_next(&s);
+            memcpy(p + i, &r, end - i < 8 ? end - i : 8);
+        }
+    }
+}
+
+/* Read bandwidth: every thread sums its static share of buf with 4 independent
+ * SSE2 accumulators (enough loads in flight to saturate memory). GB/s, best of reps. */
+static double read_bandwidth(const uint8_t *buf, size_t n, int reps) {
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        uint64_t total = 0;
+        double t0 = now_s();
+#pragma omp parallel reduction(+ : total)
+        {
+            __m128i a0 = _mm_setzero_si128(), a1 = a0, a2 = a0, a3 = a0;
+#pragma omp for schedule(static)
+            for (size_t i = 0; i < n / 64; i++) {
+                const __m128i *p = (const __m128i *)(buf + i * 64);
+                a0 = _mm_add_epi64(a0, _mm_load_si128(p));
+                a1 = _mm_add_epi64(a1, _mm_load_si128(p + 1));
+                a2 = _mm_add_epi64(a2, _mm_load_si128(p + 2));
+                a3 = _mm_add_epi64(a3, _mm_load_si128(p + 3));
+            }
+            uint64_t l[2];
+            _mm_storeu_si128((__m128i *)l, _mm_add_epi64(_mm_add_epi64(a0, a1), _mm_add_epi64(a2, a3)));
+            total += l[0] + l[1];
+        }
+        double dt = now_s() - t0;
+        if (total == 42) fprintf(stderr, " "); /* keep the sum alive */
+        if (n / dt / 1e9 > best) best = (double)n / dt / 1e9;
+    }
+    return best;
+}
+
+typedef struct {
+    const char *what;
+    int is_mxfp4;
+    dense_weight d; /* is_mxfp4 == 0 */
+    mxfp4_weight *m; /* is_mxfp4: ncopies weights, cycled so no call finds the last in cache */
+    size_t ncopies;
+    size_t bytes; /* weight bytes streamed by one call */
+} bench_case;
+
+typedef struct {
+    double ms, gbs;
+} bench_result;
+
+/* Best of 5 batches (each >= min_s/5): the machine may be shared, the best batch
+ * is the kernel's own speed. */
+static bench_result run_case(const kernels *k, const bench_case *c, const float *x, float *y, double min_s) {
+    double best = 1e30;
+    size_t calls_total = 0;
+    for (int batch = 0; batch < 5; batch++) {
+        size_t calls = 0;
+        double t0 = now_s(), t;
+        do {
+            if (c->is_mxfp4) matmul_mxfp4(k, &c->m[calls_total % c->ncopies], x, 1, y);
+            else matmul_dense(k, &c->d, x, 1, y);
+            calls++;
+            calls_total++;
+            t = now_s() - t0;
+        } while (t < min_s / 5 || calls < 2);
+        if (t / (double)calls < best) best = t / (double)calls;
+    }
+    bench_result r = {1e3 * best, (double)c->bytes / best / 1e9};
+    return r;
+}
+
+int main(int argc, char **argv) {
+    simd_level want = SIMD_AUTO;
+    int quick = 0;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--simd") == 0 && i + 1 < argc) {
+            if (simd_level_parse(argv[++i], &want) != 0) {
+                fprintf(stderr, "bench_kernels: bad --simd %s\n", argv[i]);
+                return 2;
+            }
+        } else if (strcmp(argv[i], "--quick") == 0) {
+            quick = 1;
+        } else {
+            fprintf(stderr, "usage: bench_kernels [--simd auto|scalar|avx2|avx512] [--quick]\n");
+            return 2;
+        }
+    }
+    const kernels *best = kernels_get(want), *scalar = kernels_get(SIMD_SCALAR);
+    if (!best) {
+        fprintf(stderr, "bench_kernels: SIMD level not supported by this CPU\n");
+        return 2;
+    }
+    const int nthr_all = omp_get_max_threads();
+    const double min_s = quick ? 0.1 : 0.4;
+
+    /* memory read bandwidth, 1 thread and all threads */
+    const size_t bw_bytes = (size_t)(quick ? 256 : 1024) << 20;
+    uint8_t *bw = xmalloc(bw_bytes);
+    fill_random(bw, bw_bytes, 7);
+    double bw1, bwn;
+    omp_set_num_threads(1);
+    bw1 = read_bandwidth(bw, bw_bytes, quick ? 3 : 6);
+    omp_set_num_threads(nthr_all);
+    bwn = read_bandwidth(bw, bw_bytes, quick ? 3 : 6);
+    free(bw);
+
+    /* weights */
+    const size_t brows = 12288, bcols = 7168;
+    uint16_t *wb = xmalloc(brows * bcols * 2);
+    fill_random((uint8_t *)wb, brows * bcols * 2, 11);
+    for (size_t i = 0; i < brows * bcols; i++) /* finite bf16 around 2^-7..2^0 */
+        wb[i] = (uint16_t)((wb[i] & 0x807f) | (uint16_t)((120 + (wb[i] >> 7) % 8) << 7));
+
+    const size_t ncopies = 16; /* 16 x 5.85 MB: well beyond the caches, like distinct experts */
+    bench_case cases[3] = {
+        {"bf16 matvec", 0, {DTYPE_BF16, brows, bcols, wb}, NULL, 0, brows * bcols * 2},
+        {"mxfp4 w1/w3", 1, {0, 0, 0, NULL}, NULL, ncopies, 0},
+        {"mxfp4 w2", 1, {0, 0, 0, NULL}, NULL, ncopies, 0},
+    };
+    const size_t mshape[2][2] = {{3072, 3584}, {3584, 3072}};
+    size_t maxcols = bcols, maxrows = brows;
+    for (int ci = 1; ci < 3; ci++) {
+        size_t rows = mshape[ci - 1][0], cols = mshape[ci - 1][1];
+        cases[ci].m = xmalloc(ncopies * sizeof(mxfp4_weight));
+        for (size_t e = 0; e < ncopies; e++) {
+            uint8_t *packed = xmalloc(rows * cols / 2), *scales = xmalloc(rows * cols / 32);
+            fill_random(packed, rows * cols / 2, 100 + e);
+            for (size_t i = 0; i < rows * cols / 32; i++) scales[i] = (uint8_t)(120 + (i * 7 + e) % 12);
+            cases[ci].m[e] = (mxfp4_weight){rows, cols, packed, scales};
+        }
+        cases[ci].bytes = rows * cols / 2 + rows * cols / 32;
+    }
+
+    float *x = xmalloc(maxcols * sizeof *x), *y = xmalloc(maxrows * sizeof *y), *y2 = xmalloc(maxrows * sizeof *y2);
+    uint64_t s = 1;
+    for (size_t i = 0; i < maxcols; i++) x[i] = (float)((double)(rng_next(&s) >> 11) / 9007199254740992.0 - 0.5);
+
+    /* sanity: the selected level gives the scalar bits on every bench matrix */
+    for (int ci = 0; ci < 3; ci++) {
+        size_t rows = cases[ci].is_mxfp4 ? cases[ci].m[0].rows : brows;
+        if (cases[ci].is_mxfp4) {
+            matmul_mxfp4(best, &cases[ci].m[0], x, 1, y);
+            matmul_mxfp4(scalar, &cases[ci].m[0], x, 1, y2);
+        } else {
+            matmul_dense(best, &cases[ci].d, x, 1, y);
+            matmul_dense(scalar, &cases[ci].d, x, 1, y2);
+        }
+        if (memcmp(y, y2, rows * sizeof *y) != 0) {
+            fprintf(stderr, "bench_kernels: %s: %s differs from scalar!\n", cases[ci].what, best->name);
+            return 1;
+        }
+    }
+
+    printf("read bandwidth (sum over %zu MiB, best of runs): 1 thread %.1f GB/s, %d threads %.1f GB/s\n", bw_bytes >> 20,
+           bw1, nthr_all, bwn);
+    printf("matrix-vector, 1 token, best of 5 batches; MXFP4 cycles through %zu distinct copies (%.0f MB) so the\n"
+           "weights come from memory as for distinct experts; %% of read BW is against the same thread count.\n\n",
+           ncopies, (double)(ncopies * cases[1].bytes) / 1e6);
+    printf("| kernel | shape (rows x cols) | weight MB | level | threads | ms/call | GB/s | %% of read BW |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
+    const kernels *lv[2] = {best, scalar};
+    const int nthr[2] = {1, nthr_all};
+    for (int ci = 0; ci < 3; ci++)
+        for (int li = 0; li < (best == scalar ? 1 : 2); li++)
+            for (int ti = 0; ti < (nthr_all > 1 ? 2 : 1); ti++) {
+                const bench_case *c = &cases[ci];
+                omp_set_num_threads(nthr[ti]);
+                size_t rows = c->is_mxfp4 ? c->m[0].rows : c->d.rows, cols = c->is_mxfp4 ? c->m[0].cols : c->d.cols;
+                run_case(lv[li], c, x, y, 0.02); /* warm-up: threads, page tables */
+                bench_result r = run_case(lv[li], c, x, y, min_s);
+                double ref = nthr[ti] == 1 ? bw1 : bwn;
+                printf("| %s | %zu x %zu | %.2f | %s | %d | %.3f | %.1f | %.0f %% |\n", c->what, rows, cols,
+                       (double)c->bytes / 1e6, lv[li]->name, nthr[ti], r.ms, r.gbs, 100.0 * r.gbs / ref);
+                fflush(stdout);
+            }
+    omp_set_num_threads(nthr_all);
+
+    for (int ci = 1; ci < 3; ci++) {
+        for (size_t e = 0; e < ncopies; e++) {
+            free((void *)cases[ci].m[e].packed);
+            free((void *)cases[ci].m[e].scales);
+        }
+        free(cases[ci].m);
+    }
+    free(wb);
+    free(x);
+    free(y);
+    free(y2);
+    return 0;
+}

@@ -3,16 +3,23 @@
  *   bin/k3 MODEL_DIR (--ids 1,2,3 | --prompt TEXT | --prompt-file FILE) [--gen N]
  *          [--json FILE] [--dump-logits FILE] [--teacher-force] [--full-recompute]
  *          [--threads N] [--simd auto|scalar|avx2|avx512] [--chunk N]
+ *          [--workers N] [--workers-per-node N] [--numa auto|off] [--worker-threads N]
+ *          [--expert-cache-mb MB] [--worker-timeout-ms MS] [--max-restarts N]
+ *   bin/k3 --tok DIR (--encode FILE | --decode FILE) [--no-special]
  *
  * Exit status: 0 success, 2 usage error or refused model/input, 1 failure at run time.
  * Results go to stdout (ids) or the --json file; progress and logs to stderr. */
 #include "common/kernels.h"
 #include "coordinator/experts_local.h"
 #include "coordinator/generate.h"
+#include "coordinator/tokenize_cmd.h"
+#include "coordinator/tokenizer.h"
+#include "coordinator/workers_pool.h"
 #include <errno.h>
 #include <getopt.h>
 #include <jansson.h>
 #include <limits.h>
+#include <numa.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,9 +32,13 @@ enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2 };
 
 typedef struct {
     const char *model_dir, *ids_arg, *prompt, *prompt_file, *json_path, *logits_path;
+    const char *tok_dir, *encode_file, *decode_file;
     long gen, threads, chunk;
-    int teacher_force, full_recompute;
+    int teacher_force, full_recompute, no_special;
     simd_level simd;
+    /* expert servers */
+    long workers, workers_per_node, worker_threads, cache_mb, timeout_ms, max_restarts;
+    int numa;
 } options;
 
 static void usage(FILE *f) {
@@ -41,6 +52,14 @@ static void usage(FILE *f) {
             "  --threads N          OpenMP threads (default: all cores)\n"
             "  --simd LEVEL         auto|scalar|avx2|avx512 (default auto; all give the same bits)\n"
             "  --chunk N            prefill chunk size in tokens (default 64; never changes results)\n"
+            "  --workers N          expert-server processes (0 = experts in-process; default one per NUMA node)\n"
+            "  --workers-per-node N expert servers per NUMA node when --workers is not given (default 1)\n"
+            "  --numa auto|off      bind each expert server to its node (auto, multi-node machines only)\n"
+            "  --worker-threads N   OpenMP threads per expert server (default: --threads / workers)\n"
+            "  --expert-cache-mb MB expert cache per server (default: all of its experts, at most 4096)\n"
+            "  --worker-timeout-ms MS  restart a server that makes no progress this long (default 30000)\n"
+            "  --max-restarts N     restarts allowed per server before the run fails (default 3)\n"
+            "  k3 --tok DIR --encode FILE [--no-special] | --decode FILE   tokenizer only\n"
             "exit status: 0 ok, 2 usage or refused model/input, 1 run-time failure\n");
 }
 
@@ -80,6 +99,12 @@ static int parse_ids(const char *s, int32_t **ids, size_t *n) {
     return *n ? 0 : -1;
 }
 
+static int num_opt(const char *name, const char *arg, long lo, long hi, long *out) {
+    if (parse_long(arg, lo, hi, out) == 0) return 0;
+    fprintf(stderr, "k3: %s wants an integer in [%ld, %ld], got '%s'\n", name, lo, hi, arg);
+    return -1;
+}
+
 static int parse_args(int argc, char **argv, options *o) {
     static const struct option longopts[] = {
         {"ids", required_argument, 0, 'i'},        {"prompt", required_argument, 0, 'p'},
@@ -88,11 +113,22 @@ static int parse_args(int argc, char **argv, options *o) {
         {"teacher-force", no_argument, 0, 'T'},    {"full-recompute", no_argument, 0, 'F'},
         {"threads", required_argument, 0, 't'},    {"simd", required_argument, 0, 's'},
         {"chunk", required_argument, 0, 'c'},      {"help", no_argument, 0, 'h'},
+        {"workers", required_argument, 0, 'W'},    {"workers-per-node", required_argument, 0, 'N'},
+        {"numa", required_argument, 0, 'U'},       {"worker-threads", required_argument, 0, 'R'},
+        {"expert-cache-mb", required_argument, 0, 'M'}, {"worker-timeout-ms", required_argument, 0, 'O'},
+        {"max-restarts", required_argument, 0, 'X'},
+        {"tok", required_argument, 0, 'k'},        {"encode", required_argument, 0, 'e'},
+        {"decode", required_argument, 0, 'd'},     {"no-special", no_argument, 0, 'n'},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->gen = 16;
     o->chunk = 64;
     o->simd = SIMD_AUTO;
+    o->workers = -1;
+    o->workers_per_node = 1;
+    o->timeout_ms = 30000;
+    o->max_restarts = 3;
+    o->numa = 1;
     int ch;
     opterr = 0;
     while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
@@ -104,23 +140,40 @@ static int parse_args(int argc, char **argv, options *o) {
         case 'L': o->logits_path = optarg; break;
         case 'T': o->teacher_force = 1; break;
         case 'F': o->full_recompute = 1; break;
-        case 'g':
-            if (parse_long(optarg, 0, 1L << 24, &o->gen)) { fprintf(stderr, "k3: --gen wants an integer in [0, 16777216], got '%s'\n", optarg); return -1; }
-            break;
-        case 't':
-            if (parse_long(optarg, 1, 4096, &o->threads)) { fprintf(stderr, "k3: --threads wants an integer in [1, 4096], got '%s'\n", optarg); return -1; }
-            break;
-        case 'c':
-            if (parse_long(optarg, 1, 1 << 16, &o->chunk)) { fprintf(stderr, "k3: --chunk wants an integer in [1, 65536], got '%s'\n", optarg); return -1; }
-            break;
+        case 'g': if (num_opt("--gen", optarg, 0, 1L << 24, &o->gen)) return -1; break;
+        case 't': if (num_opt("--threads", optarg, 1, 4096, &o->threads)) return -1; break;
+        case 'c': if (num_opt("--chunk", optarg, 1, 4096, &o->chunk)) return -1; break;
         case 's':
             if (simd_level_parse(optarg, &o->simd)) { fprintf(stderr, "k3: --simd wants auto|scalar|avx2|avx512, got '%s'\n", optarg); return -1; }
             break;
+        case 'W': if (num_opt("--workers", optarg, 0, 256, &o->workers)) return -1; break;
+        case 'N': if (num_opt("--workers-per-node", optarg, 1, 64, &o->workers_per_node)) return -1; break;
+        case 'R': if (num_opt("--worker-threads", optarg, 1, 4096, &o->worker_threads)) return -1; break;
+        case 'M': if (num_opt("--expert-cache-mb", optarg, 1, 1L << 30, &o->cache_mb)) return -1; break;
+        case 'O': if (num_opt("--worker-timeout-ms", optarg, 100, 86400000L, &o->timeout_ms)) return -1; break;
+        case 'X': if (num_opt("--max-restarts", optarg, 0, 1000, &o->max_restarts)) return -1; break;
+        case 'U':
+            if (!strcmp(optarg, "auto")) o->numa = 1;
+            else if (!strcmp(optarg, "off")) o->numa = 0;
+            else { fprintf(stderr, "k3: --numa wants auto|off, got '%s'\n", optarg); return -1; }
+            break;
+        case 'k': o->tok_dir = optarg; break;
+        case 'e': o->encode_file = optarg; break;
+        case 'd': o->decode_file = optarg; break;
+        case 'n': o->no_special = 1; break;
         case 'h': usage(stdout); exit(EXIT_OK);
         default:
             fprintf(stderr, "k3: unknown or incomplete option '%s'\n", argv[optind - 1]);
             return -1;
         }
+    }
+    if (o->encode_file || o->decode_file) {
+        if (!o->tok_dir && optind == argc - 1) o->tok_dir = argv[optind++];
+        if (!o->tok_dir || optind != argc || (o->encode_file && o->decode_file)) {
+            fprintf(stderr, "k3: tokenizer mode is: k3 --tok DIR (--encode FILE | --decode FILE) [--no-special]\n");
+            return -1;
+        }
+        return 0;
     }
     if (optind != argc - 1) { fprintf(stderr, "k3: expected exactly one MODEL_DIR\n"); return -1; }
     o->model_dir = argv[optind];
@@ -199,7 +252,61 @@ out:
     return status;
 }
 
-static int write_outputs(const options *o, const run_result *r, const engine *en, double load_s, int threads) {
+/* Reads a whole file (for --prompt-file). */
+static char *read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    for (;;) {
+        if (n == cap) {
+            cap = cap ? 2 * cap : 65536;
+            char *nb = realloc(buf, cap + 1);
+            if (!nb) { free(buf); fclose(f); return NULL; }
+            buf = nb;
+        }
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) { free(buf); return NULL; }
+    buf[n] = 0;
+    *len = n;
+    return buf;
+}
+
+static json_t *workers_json(const expert_backend *eb, int n_workers) {
+    json_t *a = json_array();
+    for (int i = 0; i < n_workers; i++) {
+        worker_stats ws;
+        workers_pool_stats(eb, i, &ws);
+        json_t *w = json_object();
+        json_object_set_new(w, "worker", json_integer(i));
+        json_object_set_new(w, "node", json_integer(ws.node));
+        json_object_set_new(w, "requests", json_integer((json_int_t)ws.requests));
+        json_object_set_new(w, "expert_hits", json_integer((json_int_t)ws.hits));
+        json_object_set_new(w, "expert_misses", json_integer((json_int_t)ws.misses));
+        json_object_set_new(w, "bytes_read", json_integer((json_int_t)ws.bytes_read));
+        json_object_set_new(w, "restarts", json_integer(ws.restarts));
+        json_object_set_new(w, "cache_slots", json_integer(ws.cache_slots));
+        json_object_set_new(w, "direct_io", json_boolean(ws.direct_io));
+        json_object_set_new(w, "ring_wait_s", json_real(ws.wait_s));
+        json_object_set_new(w, "compute_s", json_real(ws.compute_s));
+        json_array_append_new(a, w);
+    }
+    return a;
+}
+
+typedef struct {
+    double load_s;
+    int threads, n_workers;
+    const expert_backend *eb;
+    const tokenizer *tok;
+} run_info;
+
+static int write_outputs(const options *o, const run_result *r, const engine *en, const run_info *ri) {
     size_t V = (size_t)en->model->cfg.vocab_size;
     if (o->logits_path) {
         FILE *f = fopen(o->logits_path, "wb");
@@ -208,36 +315,107 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
             return EXIT_RUNTIME;
         }
     }
-    for (size_t i = 0; i < r->n_gen; i++) printf("%s%d", i ? " " : "", r->seq[r->n_prompt + i]);
-    printf("\n");
+    char *text = NULL;
+    size_t text_len = 0;
+    if (ri->tok) {
+        char e[256];
+        if (tokenizer_decode(ri->tok, r->seq + r->n_prompt, r->n_gen, &text, &text_len, e, sizeof e) != TOK_OK) text = NULL;
+    }
+    if (o->ids_arg || !text) {
+        for (size_t i = 0; i < r->n_gen; i++) printf("%s%d", i ? " " : "", r->seq[r->n_prompt + i]);
+        printf("\n");
+    } else {
+        /* whole code points only: an incomplete tail is held back, an invalid sequence shown as U+FFFD */
+        utf8_stream us;
+        utf8_stream_init(&us, 1);
+        char *out = malloc(UTF8_STREAM_MAX_OUT(text_len));
+        if (out) {
+            size_t n = utf8_stream_push(&us, text, text_len, out);
+            n += utf8_stream_flush(&us, out + n);
+            fwrite(out, 1, n, stdout);
+            printf("\n");
+            free(out);
+        }
+    }
     if (o->json_path) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         json_t *j = json_object();
         json_object_set_new(j, "prompt_ids", ids_json(r->seq, r->n_prompt));
         json_object_set_new(j, "generated_ids", ids_json(r->seq + r->n_prompt, r->n_gen));
+        if (text) json_object_set_new(j, "generated_text", json_stringn_nocheck(text, text_len));
         if (o->teacher_force) json_object_set_new(j, "tf_pred", ids_json(r->tf_pred, r->n_prompt));
         json_object_set_new(j, "logits_first_position", json_integer((json_int_t)r->first_pos));
         json_object_set_new(j, "mode", json_string(o->full_recompute ? "full-recompute" : "incremental"));
-        json_object_set_new(j, "threads", json_integer(threads));
+        json_object_set_new(j, "threads", json_integer(ri->threads));
         json_object_set_new(j, "simd", json_string(en->k->name));
         json_t *tm = json_object();
-        json_object_set_new(tm, "load_s", json_real(load_s));
+        json_object_set_new(tm, "load_s", json_real(ri->load_s));
         json_object_set_new(tm, "prefill_s", json_real(r->prefill_s));
         json_object_set_new(tm, "decode_s", json_real(r->decode_s));
         json_object_set_new(tm, "decode_tokens_per_s", json_real(r->decode_s > 0 ? (double)r->n_gen / r->decode_s : 0));
         json_object_set_new(j, "timing", tm);
         json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)ru.ru_maxrss * 1024));
+        json_object_set_new(j, "n_workers", json_integer(ri->n_workers));
+        if (ri->n_workers > 0) json_object_set_new(j, "workers", workers_json(ri->eb, ri->n_workers));
         int bad = json_dump_file(j, o->json_path, JSON_INDENT(1) | JSON_COMPACT);
         json_decref(j);
-        if (bad) { fprintf(stderr, "k3: cannot write %s\n", o->json_path); return EXIT_RUNTIME; }
+        if (bad) { fprintf(stderr, "k3: cannot write %s\n", o->json_path); free(text); return EXIT_RUNTIME; }
     }
+    free(text);
     return EXIT_OK;
+}
+
+/* The prompt as ids: parsed from --ids, or encoded from --prompt / --prompt-file
+ * (special-token text allowed, like --encode). Returns an exit status. */
+static int prompt_ids(const options *o, const tokenizer *tok, int32_t **ids, size_t *n) {
+    if (o->ids_arg) {
+        if (parse_ids(o->ids_arg, ids, n) == 0) return EXIT_OK;
+        fprintf(stderr, "k3: --ids wants a comma-separated list of non-negative integers, got '%s'\n", o->ids_arg);
+        return EXIT_USAGE;
+    }
+    size_t len = strlen(o->prompt ? o->prompt : "");
+    char *text = o->prompt ? strdup(o->prompt) : read_file(o->prompt_file, &len);
+    if (!text) { fprintf(stderr, "k3: cannot read %s\n", o->prompt_file ? o->prompt_file : "prompt"); return EXIT_USAGE; }
+    char e[512];
+    int rc = tokenizer_encode(tok, text, len, 1, ids, n, e, sizeof e);
+    free(text);
+    if (rc != TOK_OK) { fprintf(stderr, "k3: cannot encode the prompt: %s\n", e); return EXIT_USAGE; }
+    if (*n == 0) { fprintf(stderr, "k3: the prompt is empty\n"); return EXIT_USAGE; }
+    return EXIT_OK;
+}
+
+static int start_backend(const options *o, k3_model *m, const kernels *k, int threads, expert_backend *eb,
+                         int *n_workers, k3_error *err) {
+    long nw = o->workers;
+    if (nw < 0) {
+        int nodes = (o->numa && numa_available() >= 0) ? numa_num_configured_nodes() : 1;
+        nw = (long)(nodes > 0 ? nodes : 1) * o->workers_per_node;
+    }
+    *n_workers = (int)nw;
+    if (nw == 0) return experts_local_create(eb, m, k, err);
+    pool_options po = {0};
+    char path[4096];
+    if (workers_pool_default_path(path, sizeof path)) return k3_fail(err, "cannot locate k3-expertd");
+    po.n_workers = (int)nw;
+    po.numa = o->numa;
+    po.threads = o->worker_threads ? (int)o->worker_threads : (threads / (int)nw > 0 ? threads / (int)nw : 1);
+    po.timeout_ms = (int)o->timeout_ms;
+    po.max_restarts = (int)o->max_restarts;
+    po.max_tokens = (size_t)o->chunk;
+    po.expertd_path = path;
+    po.simd = k->name;
+    uint64_t per_worker_all = (m->experts.expert_bytes + 3 * 4096) *
+                              (((uint64_t)m->cfg.num_experts * (uint64_t)m->cfg.num_hidden_layers + (uint64_t)nw - 1) / (uint64_t)nw);
+    uint64_t cap = 4096ull << 20;
+    po.cache_bytes = o->cache_mb ? (uint64_t)o->cache_mb << 20 : (per_worker_all < cap ? per_worker_all : cap);
+    return workers_pool_create(eb, m, &po, err);
 }
 
 int main(int argc, char **argv) {
     options o;
     if (parse_args(argc, argv, &o)) { usage(stderr); return EXIT_USAGE; }
+    if (o.encode_file || o.decode_file) return tokenize_command(o.tok_dir, o.encode_file, o.decode_file, o.no_special);
     const kernels *k = kernels_get(o.simd);
     if (!k) {
         static const char *const names[] = {"auto", "scalar", "avx2", "avx512"};
@@ -245,29 +423,33 @@ int main(int argc, char **argv) {
         return EXIT_USAGE;
     }
     if (o.threads) omp_set_num_threads((int)o.threads);
-    int threads = omp_get_max_threads();
-    if (o.prompt || o.prompt_file) {
-        fprintf(stderr, "k3: text prompts need the tokenizer, which this build does not have yet; use --ids\n");
-        return EXIT_USAGE;
+    run_info ri = {.threads = omp_get_max_threads()};
+    tokenizer *tok = NULL;
+    if (o.prompt || o.prompt_file || o.tok_dir) {
+        char e[1024];
+        if (!(tok = tokenizer_load(o.tok_dir ? o.tok_dir : o.model_dir, e, sizeof e))) {
+            fprintf(stderr, "k3: cannot load the tokenizer: %s\n", e);
+            return EXIT_USAGE;
+        }
     }
+    ri.tok = tok;
     run_result r = {0};
-    int32_t *prompt;
-    size_t n;
-    if (parse_ids(o.ids_arg, &prompt, &n)) {
-        fprintf(stderr, "k3: --ids wants a comma-separated list of non-negative integers, got '%s'\n", o.ids_arg);
-        free(prompt);
-        return EXIT_USAGE;
-    }
+    int32_t *prompt = NULL;
+    size_t n = 0;
+    int status = prompt_ids(&o, tok, &prompt, &n);
+    if (status != EXIT_OK) { free(prompt); tokenizer_free(tok); return status; }
     double t0 = now_s();
     k3_model m;
     k3_error err = {0};
     if (model_load(o.model_dir, &m, &err)) {
         fprintf(stderr, "k3: refusing model: %s\n", err.msg);
         free(prompt);
+        tokenizer_free(tok);
         return EXIT_USAGE;
     }
-    double load_s = now_s() - t0;
-    int status = EXIT_USAGE;
+    ri.load_s = now_s() - t0;
+    status = EXIT_USAGE;
+    expert_backend eb = {0};
     for (size_t i = 0; i < n; i++)
         if (prompt[i] >= m.cfg.vocab_size) {
             fprintf(stderr, "k3: prompt id %d is outside the vocabulary [0, %d)\n", prompt[i], m.cfg.vocab_size);
@@ -279,18 +461,19 @@ int main(int argc, char **argv) {
     status = EXIT_RUNTIME;
     if (!r.seq || !r.tf_pred) { fprintf(stderr, "k3: out of memory\n"); goto done; }
     memcpy(r.seq, prompt, n * sizeof *prompt);
-    expert_backend eb;
-    if (experts_local_create(&eb, &m, k, &err)) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
+    if (start_backend(&o, &m, k, ri.threads, &eb, &ri.n_workers, &err)) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
+    ri.eb = &eb;
     engine en = {.model = &m, .k = k, .experts = &eb};
     status = run(&en, &o, &r, &err);
     if (status != EXIT_OK) fprintf(stderr, "k3: %s\n", err.msg);
-    else status = write_outputs(&o, &r, &en, load_s, threads);
-    eb.destroy(&eb);
+    else status = write_outputs(&o, &r, &en, &ri);
 done:
+    if (eb.destroy) eb.destroy(&eb);
     free(prompt);
     free(r.seq);
     free(r.tf_pred);
     free(r.rows);
     model_free(&m);
+    tokenizer_free(tok);
     return status;
 }

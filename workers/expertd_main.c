@@ -101,6 +101,28 @@ static int setup(server *sv, int ring_fd, wire_ready *ready, k3_error *err) {
     return 0;
 }
 
+/* The cache's expert_source, plus a heartbeat per expert so a long request
+ * (many misses) is not mistaken for a hung worker. */
+typedef struct {
+    expert_source inner;
+    ring_ctl *ctl;
+} beating_source;
+
+static int beat_acquire(void *ctx, int layer, int expert, expert_weights *w, k3_error *err) {
+    beating_source *b = ctx;
+    atomic_fetch_add(&b->ctl->heartbeat, 1);
+    return b->inner.acquire(b->inner.ctx, layer, expert, w, err);
+}
+static void beat_release(void *ctx, int layer, int expert) {
+    beating_source *b = ctx;
+    b->inner.release(b->inner.ctx, layer, expert);
+}
+static int beat_prefetch(void *ctx, int layer, const int32_t *experts, size_t n, k3_error *err) {
+    beating_source *b = ctx;
+    atomic_fetch_add(&b->ctl->heartbeat, 1);
+    return b->inner.prefetch(b->inner.ctx, layer, experts, n, err);
+}
+
 /* Serves one request already waiting in slot `seq`. Returns 1 to stop, 0 to go on. */
 static int serve(server *sv, uint64_t seq, int32_t *ptok, int32_t *pexp, const fault_plan *fp, unsigned long served) {
     ring *rg = &sv->rg;
@@ -136,7 +158,8 @@ static int serve(server *sv, uint64_t seq, int32_t *ptok, int32_t *pexp, const f
             if (!expert_store_loc(&sv->store, q.layer, q.pair_expert[i]))
                 k3_fail(&err, "expert %d of layer %d is not owned by worker %d", q.pair_expert[i], q.layer, sv->hello.worker);
         if (!err.set) {
-            expert_source src = expert_cache_source(sv->cache);
+            beating_source bs = {expert_cache_source(sv->cache), ctl};
+            expert_source src = {beat_acquire, beat_release, beat_prefetch, &bs};
             expert_batch_run(sv->k, &src, L, sv->store.I, sv->cfg.situ_beta, sv->cfg.situ_linear_beta, q.layer,
                              (const float *)ring_slot_payload(rg, rs), q.ntok, q.pair_token, q.pair_expert, q.npairs, y, &err);
         }

@@ -1,0 +1,377 @@
+/* workers_pool.c - expert servers as processes: spawn, dispatch, detect, restart (see workers_pool.h). */
+#define _GNU_SOURCE
+#include "coordinator/workers_pool.h"
+#include "common/ring.h"
+#include "common/wire.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <libgen.h>
+#include <numa.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#define RING_SLOTS 2
+#define MAX_POOL_WORKERS 256
+
+/* The one piece of process-global state: worker pids for the SIGINT/SIGTERM
+ * handler, which must kill them before the coordinator dies. */
+static volatile pid_t g_worker_pids[MAX_POOL_WORKERS];
+
+static void on_fatal_signal(int sig) {
+    for (int i = 0; i < MAX_POOL_WORKERS; i++)
+        if (g_worker_pids[i] > 0) kill(g_worker_pids[i], SIGKILL);
+    signal(sig, SIG_DFL);
+    raise(sig);
+}
+
+typedef struct {
+    int idx, node, life, restarts, cache_slots, direct_io;
+    pid_t pid;
+    int ctl_fd;
+    ring rg;
+    uint64_t seq;             /* last request sequence published */
+    worker_stats acc;         /* totals of previous lives */
+    uint64_t requests;
+    double wait_s;
+    /* the request in flight */
+    size_t ntok, npairs;
+    int32_t *ptok, *pexp, *tok_map;
+    size_t *pair_index;
+    float *z;
+    uint64_t req_id;
+} worker;
+
+typedef struct {
+    k3_model *m;
+    pool_options o;
+    char path[4096];
+    int n;
+    worker *w;
+    size_t L, max_pairs;
+    uint64_t hdr_cap, req_cap, resp_cap, next_id;
+} pool;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int workers_pool_default_path(char *buf, size_t len) {
+    const char *env = getenv("K3_EXPERTD");
+    if (env && *env) { snprintf(buf, len, "%s", env); return 0; }
+    char exe[4096];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n <= 0) return -1;
+    exe[n] = 0;
+    snprintf(buf, len, "%s/k3-expertd", dirname(exe));
+    return 0;
+}
+
+static void reap(worker *w) {
+    if (w->pid > 0) {
+        kill(w->pid, SIGKILL);
+        waitpid(w->pid, NULL, 0);
+        g_worker_pids[w->idx] = 0;
+        w->pid = 0;
+    }
+    if (w->ctl_fd >= 0) { close(w->ctl_fd); w->ctl_fd = -1; }
+}
+
+/* Adds the dying life's counters to the totals. */
+static void bank_stats(worker *w) {
+    ring_ctl *c = w->rg.ctl;
+    w->acc.hits += atomic_load(&c->stat_hits);
+    w->acc.misses += atomic_load(&c->stat_misses);
+    w->acc.bytes_read += atomic_load(&c->stat_bytes_read);
+    w->acc.compute_s += (double)atomic_load(&c->stat_compute_ns) * 1e-9;
+}
+
+static int spawn(pool *p, worker *w, k3_error *err) {
+    int sv[2];
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
+        return k3_fail(err, "socketpair: %s", strerror(errno));
+    pid_t pid = fork();
+    if (pid < 0) { close(sv[0]); close(sv[1]); return k3_fail(err, "fork: %s", strerror(errno)); }
+    if (pid == 0) {
+        int c = fcntl(sv[1], F_DUPFD_CLOEXEC, 100), r = fcntl(w->rg.fd, F_DUPFD_CLOEXEC, 100);
+        if (c < 0 || r < 0 || dup2(c, 3) != 3 || dup2(r, 4) != 4) _exit(127);
+        execl(p->path, "k3-expertd", "--control-fd", "3", "--ring-fd", "4", (char *)NULL);
+        fprintf(stderr, "k3: cannot start %s: %s\n", p->path, strerror(errno));
+        _exit(127);
+    }
+    close(sv[1]);
+    w->pid = pid;
+    w->ctl_fd = sv[0];
+    g_worker_pids[w->idx] = pid;
+    wire_hello h = {0};
+    snprintf(h.model_dir, sizeof h.model_dir, "%s", p->m->ck.dir);
+    h.worker = w->idx;
+    h.n_workers = p->n;
+    h.cache_bytes = p->o.cache_bytes;
+    h.threads = p->o.threads;
+    h.node = w->node;
+    h.n_slots = RING_SLOTS;
+    h.hdr_cap = p->hdr_cap;
+    h.req_cap = p->req_cap;
+    h.resp_cap = p->resp_cap;
+    h.max_tokens = (uint32_t)p->o.max_tokens;
+    h.max_pairs = (uint32_t)p->max_pairs;
+    h.life = w->life;
+    snprintf(h.simd, sizeof h.simd, "%s", p->o.simd);
+    unsigned char msg[8192];
+    long len = wire_encode_hello(&h, msg, sizeof msg);
+    if (len < 0 || send(w->ctl_fd, msg, (size_t)len, MSG_NOSIGNAL) != len) {
+        reap(w);
+        return k3_fail(err, "worker %d: cannot send hello", w->idx);
+    }
+    struct pollfd pfd = {w->ctl_fd, POLLIN, 0};
+    int pr = poll(&pfd, 1, p->o.timeout_ms > 60000 ? p->o.timeout_ms : 60000);
+    ssize_t n = pr > 0 ? recv(w->ctl_fd, msg, sizeof msg, 0) : -1;
+    wire_ready rd;
+    k3_error e2 = {0};
+    if (n <= 0 || wire_decode_ready(msg, (size_t)n, &rd, &e2)) {
+        reap(w);
+        return k3_fail(err, "worker %d (%s) did not report ready%s%s", w->idx, p->path, e2.set ? ": " : "", e2.msg);
+    }
+    if (!rd.ok) {
+        reap(w);
+        return k3_fail(err, "worker %d refused to start: %s", w->idx, rd.error);
+    }
+    w->cache_slots = rd.cache_slots;
+    w->direct_io = rd.direct_io;
+    return 0;
+}
+
+/* Writes the current request of w into its ring and publishes it. */
+static int send_request(pool *p, worker *w, int layer, k3_error *err) {
+    ring_ctl *c = w->rg.ctl;
+    uint64_t seq = ++w->seq;
+    ring_slot_head *s = ring_req_slot(&w->rg, seq);
+    wire_request q = {WIRE_REQ_EXPERTS, w->req_id, layer, (uint32_t)w->ntok, (uint32_t)w->npairs, w->ptok, w->pexp};
+    long hl = wire_encode_request(&q, ring_slot_hdr(s), c->hdr_cap);
+    if (hl < 0) return k3_fail(err, "request header for worker %d does not fit the ring slot", w->idx);
+    size_t pl = w->ntok * p->L * sizeof(float);
+    memcpy(ring_slot_payload(&w->rg, s), w->z, pl);
+    ring_publish(s, seq, (uint64_t)hl, pl, &c->req_items);
+    w->requests++;
+    return 0;
+}
+
+enum { WAIT_OK = 0, WAIT_RETRY = 1, WAIT_FATAL = -1 };
+
+/* Waits for w's answer; copies it into out. WAIT_RETRY: the worker failed
+ * (dead, stalled, malformed answer) and why is in *why. */
+static int wait_response(pool *p, worker *w, float *out, char *why, size_t whylen, k3_error *err) {
+    ring_ctl *c = w->rg.ctl;
+    uint64_t hb = atomic_load(&c->heartbeat);
+    double t0 = now_s(), last_progress = t0;
+    for (;;) {
+        int r = ring_wait(&c->resp_items, 50);
+        if (r < 0) { snprintf(why, whylen, "semaphore wait failed: %s", strerror(errno)); return WAIT_RETRY; }
+        if (r == 1) break;
+        int status;
+        if (waitpid(w->pid, &status, WNOHANG) == w->pid) {
+            w->pid = 0;
+            g_worker_pids[w->idx] = 0;
+            if (WIFSIGNALED(status)) snprintf(why, whylen, "killed by signal %d", WTERMSIG(status));
+            else snprintf(why, whylen, "exited with status %d", WEXITSTATUS(status));
+            return WAIT_RETRY;
+        }
+        uint64_t h = atomic_load(&c->heartbeat);
+        double now = now_s();
+        if (h != hb) { hb = h; last_progress = now; }
+        else if ((now - last_progress) * 1000 > p->o.timeout_ms) {
+            snprintf(why, whylen, "no progress for %d ms", p->o.timeout_ms);
+            return WAIT_RETRY;
+        }
+    }
+    w->wait_s += now_s() - t0;
+    ring_slot_head *s = ring_resp_slot(&w->rg, w->seq);
+    uint64_t hl, pl;
+    wire_response resp;
+    k3_error e = {0};
+    if (ring_slot_lengths(&w->rg, s, w->seq, c->resp_payload_cap, &hl, &pl, &e) ||
+        wire_decode_response(ring_slot_hdr(s), hl, &resp, &e)) {
+        snprintf(why, whylen, "malformed answer: %.900s", e.msg);
+        return WAIT_RETRY;
+    }
+    if (resp.id != w->req_id || resp.npairs != w->npairs) {
+        snprintf(why, whylen, "answer to request %llu (%u pairs), expected %llu (%zu pairs)", (unsigned long long)resp.id,
+                 resp.npairs, (unsigned long long)w->req_id, w->npairs);
+        return WAIT_RETRY;
+    }
+    if (!resp.ok) { k3_fail(err, "%s", resp.error); return WAIT_FATAL; }
+    const float *y = (const float *)ring_slot_payload(&w->rg, s);
+    if (pl != w->npairs * p->L * sizeof(float) || payload_checksum(y, pl) != resp.checksum) {
+        snprintf(why, whylen, "answer payload failed its length or checksum check");
+        return WAIT_RETRY;
+    }
+    for (size_t i = 0; i < w->npairs; i++) memcpy(out + w->pair_index[i] * p->L, y + i * p->L, p->L * sizeof(float));
+    return WAIT_OK;
+}
+
+static int restart(pool *p, worker *w, const char *why, k3_error *err) {
+    reap(w);
+    bank_stats(w);
+    if (w->restarts >= p->o.max_restarts)
+        return k3_fail(err, "worker %d failed (%s) and has already been restarted %d times: giving up", w->idx, why, w->restarts);
+    w->restarts++;
+    w->life++;
+    fprintf(stderr, "k3: worker %d failed (%s); restarting (%d/%d)\n", w->idx, why, w->restarts, p->o.max_restarts);
+    unsigned backoff_ms = 50u << (w->restarts < 6 ? w->restarts : 6);
+    usleep(backoff_ms * 1000);
+    w->seq = 0;
+    if (ring_reset(&w->rg, err)) return -1;
+    return spawn(p, w, err);
+}
+
+static int pool_run(expert_backend *b, int layer, const float *zlat, size_t ntok, const int32_t *pair_token,
+                    const int32_t *pair_expert, size_t npairs, float *out, k3_error *err) {
+    pool *p = b->impl;
+    if (ntok > p->o.max_tokens || npairs > p->max_pairs)
+        return k3_fail(err, "expert request of %zu tokens / %zu pairs exceeds the ring capacity", ntok, npairs);
+    for (int i = 0; i < p->n; i++) {
+        worker *w = &p->w[i];
+        w->ntok = w->npairs = 0;
+        for (size_t t = 0; t < ntok; t++) w->tok_map[t] = -1;
+    }
+    for (size_t i = 0; i < npairs; i++) {
+        worker *w = &p->w[expert_owner(layer, pair_expert[i], p->n)];
+        int32_t t = pair_token[i];
+        if (w->tok_map[t] < 0) {
+            w->tok_map[t] = (int32_t)w->ntok;
+            memcpy(w->z + w->ntok * p->L, zlat + (size_t)t * p->L, p->L * sizeof(float));
+            w->ntok++;
+        }
+        w->ptok[w->npairs] = w->tok_map[t];
+        w->pexp[w->npairs] = pair_expert[i];
+        w->pair_index[w->npairs] = i;
+        w->npairs++;
+    }
+    for (int i = 0; i < p->n; i++) {
+        worker *w = &p->w[i];
+        if (!w->npairs) continue;
+        w->req_id = ++p->next_id;
+        if (send_request(p, w, layer, err)) return -1;
+    }
+    for (int i = 0; i < p->n; i++) {
+        worker *w = &p->w[i];
+        if (!w->npairs) continue;
+        for (;;) {
+            char why[1024];
+            int r = wait_response(p, w, out, why, sizeof why, err);
+            if (r == WAIT_OK) break;
+            if (r == WAIT_FATAL) return -1;
+            if (restart(p, w, why, err) || send_request(p, w, layer, err)) return -1;
+        }
+    }
+    return 0;
+}
+
+static void free_worker(worker *w) {
+    free(w->ptok); free(w->pexp); free(w->tok_map); free(w->pair_index); free(w->z);
+}
+
+static void pool_destroy(expert_backend *b) {
+    pool *p = b->impl;
+    if (!p) return;
+    for (int i = 0; i < p->n; i++) { /* ask politely, then insist */
+        worker *w = &p->w[i];
+        if (w->pid <= 0 || !w->rg.ctl) continue;
+        uint64_t seq = ++w->seq;
+        ring_slot_head *s = ring_req_slot(&w->rg, seq);
+        wire_request q = {.kind = WIRE_REQ_SHUTDOWN, .id = ++p->next_id};
+        long hl = wire_encode_request(&q, ring_slot_hdr(s), w->rg.ctl->hdr_cap);
+        if (hl > 0) ring_publish(s, seq, (uint64_t)hl, 0, &w->rg.ctl->req_items);
+    }
+    for (int i = 0; i < p->n; i++) {
+        worker *w = &p->w[i];
+        for (int t = 0; t < 100 && w->pid > 0; t++) {
+            if (waitpid(w->pid, NULL, WNOHANG) == w->pid) { g_worker_pids[w->idx] = 0; w->pid = 0; break; }
+            usleep(20000);
+        }
+        reap(w);
+        ring_close(&w->rg);
+        free_worker(w);
+    }
+    free(p->w);
+    free(p);
+    b->impl = NULL;
+}
+
+int workers_pool_count(const expert_backend *b) { return ((const pool *)b->impl)->n; }
+
+void workers_pool_stats(const expert_backend *b, int i, worker_stats *out) {
+    const pool *p = b->impl;
+    const worker *w = &p->w[i];
+    *out = w->acc;
+    out->pid = w->pid;
+    out->node = w->node;
+    out->restarts = w->restarts;
+    out->cache_slots = w->cache_slots;
+    out->direct_io = w->direct_io;
+    out->requests = w->requests;
+    out->wait_s = w->wait_s;
+    if (w->rg.ctl) {
+        out->hits += atomic_load(&w->rg.ctl->stat_hits);
+        out->misses += atomic_load(&w->rg.ctl->stat_misses);
+        out->bytes_read += atomic_load(&w->rg.ctl->stat_bytes_read);
+        out->compute_s += (double)atomic_load(&w->rg.ctl->stat_compute_ns) * 1e-9;
+    }
+}
+
+int workers_pool_create(expert_backend *b, k3_model *m, const pool_options *o, k3_error *err) {
+    if (o->n_workers < 1 || o->n_workers > MAX_POOL_WORKERS)
+        return k3_fail(err, "--workers must be between 0 and %d", MAX_POOL_WORKERS);
+    ring_cleanup_stale();
+    pool *p = calloc(1, sizeof *p);
+    if (!p) return k3_fail(err, "out of memory");
+    p->m = m;
+    p->o = *o;
+    p->n = o->n_workers;
+    snprintf(p->path, sizeof p->path, "%s", o->expertd_path);
+    p->L = (size_t)m->cfg.routed_expert_hidden_size;
+    p->max_pairs = o->max_tokens * (size_t)m->cfg.num_experts_per_token;
+    p->hdr_cap = 256 + 12 * (uint64_t)p->max_pairs;
+    p->req_cap = (uint64_t)o->max_tokens * p->L * sizeof(float);
+    p->resp_cap = (uint64_t)p->max_pairs * p->L * sizeof(float);
+    p->w = calloc((size_t)p->n, sizeof *p->w);
+    *b = (expert_backend){pool_run, pool_destroy, p};
+    if (!p->w) { pool_destroy(b); return k3_fail(err, "out of memory"); }
+    struct sigaction sa = {0};
+    sa.sa_handler = on_fatal_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    int nodes = (o->numa && numa_available() >= 0) ? numa_num_configured_nodes() : 1;
+    for (int i = 0; i < p->n; i++) {
+        worker *w = &p->w[i];
+        w->idx = i;
+        w->ctl_fd = -1;
+        w->node = nodes > 1 ? i % nodes : -1;
+        w->ptok = malloc(p->max_pairs * sizeof *w->ptok);
+        w->pexp = malloc(p->max_pairs * sizeof *w->pexp);
+        w->pair_index = malloc(p->max_pairs * sizeof *w->pair_index);
+        w->tok_map = malloc(o->max_tokens * sizeof *w->tok_map);
+        w->z = malloc(o->max_tokens * p->L * sizeof *w->z);
+        if (!w->ptok || !w->pexp || !w->pair_index || !w->tok_map || !w->z) { pool_destroy(b); return k3_fail(err, "out of memory"); }
+        if (ring_create(&w->rg, RING_SLOTS, p->hdr_cap, p->req_cap, p->resp_cap, err) || spawn(p, w, err)) {
+            pool_destroy(b);
+            return -1;
+        }
+        char place[64];
+        if (w->node >= 0) snprintf(place, sizeof place, "bound to NUMA node %d", w->node);
+        else snprintf(place, sizeof place, "%s", o->numa ? "one NUMA node: no binding" : "no NUMA binding (--numa off)");
+        fprintf(stderr, "k3: worker %d pid %d, %s, %d cache slots, %s reads\n", i, (int)w->pid, place, w->cache_slots,
+                w->direct_io ? "O_DIRECT" : "buffered");
+    }
+    return 0;
+}

@@ -1,0 +1,45 @@
+/* workers_pool.h - the expert backend that runs experts in k3-expertd processes.
+ *
+ * Starts n_workers servers (fork/exec of bin/k3-expertd), each with its own ring
+ * (ring.h) and a disjoint expert set (expert_owner in wire.h). run() splits the
+ * (token, expert) pairs by owner, sends one request per worker per layer
+ * carrying only the latent rows that worker needs, and waits for every answer.
+ * A worker that exits, is killed, stops making progress for timeout_ms, or
+ * answers with a malformed header or a payload whose checksum does not match is
+ * killed, restarted with the same expert set (backoff, at most max_restarts per
+ * worker) and sent its request again; results are placed by pair index, so the
+ * coordinator's top-k-order combine sees the same bits whatever happened. A
+ * worker that reports an error (an unreadable shard) ends the run with its
+ * message. SIGINT/SIGTERM kill every worker before the coordinator dies. */
+#ifndef K3_WORKERS_POOL_H
+#define K3_WORKERS_POOL_H
+
+#include "coordinator/expert_backend.h"
+#include "coordinator/model.h"
+#include <stdint.h>
+
+typedef struct {
+    int n_workers;
+    int numa;                  /* 1: bind worker i to node i % nodes; 0: no binding */
+    uint64_t cache_bytes;      /* per worker */
+    int threads;               /* per worker */
+    int timeout_ms;            /* no-progress timeout */
+    int max_restarts;          /* per worker */
+    size_t max_tokens;         /* largest chunk the coordinator will send */
+    const char *expertd_path;
+    const char *simd;          /* kernel level name, passed to workers */
+} pool_options;
+
+typedef struct {
+    int pid, node, restarts, cache_slots, direct_io;
+    uint64_t requests, hits, misses, bytes_read;
+    double wait_s, compute_s;  /* coordinator waiting on this worker; worker computing */
+} worker_stats;
+
+int workers_pool_create(expert_backend *b, k3_model *m, const pool_options *o, k3_error *err);
+int workers_pool_count(const expert_backend *b);
+void workers_pool_stats(const expert_backend *b, int i, worker_stats *out);
+/* Where bin/k3-expertd is: $K3_EXPERTD, else next to the running bin/k3. */
+int workers_pool_default_path(char *buf, size_t len);
+
+#endif

@@ -113,62 +113,78 @@ int simd_level_parse(const char *s, simd_level *out) {
 /* ---- drivers: threads split rows; each (row, token) is one dot of the fixed partition ----
  * Rows go in blocks of K3_ROWBLOCK; for a level with row-block kernels a full block
  * is computed by them (same bits as the single-row dot, checked by the unit test),
- * otherwise, and for a partial last block, by the level's dot function. A block's
- * weights stay in cache while the tokens are looped over. */
+ * two tokens at a time where a _x2 kernel exists; otherwise, and for a partial last
+ * block, by the level's dot function. A block's weights stay in cache while the
+ * tokens are looped over. */
 
-static k3_rows_f32_fn rows_f32_for(const kernels *k) {
+/* The row-block kernels of a level, found by its dot function (a kernels table
+ * built elsewhere keeps its own dot functions). NULL where there are none. */
+typedef struct {
+    k3_rows_f32_fn f32;
+    k3_rows_bf16_fn bf16, bf16_x2;
+    k3_rows_mxfp4_fn mxfp4, mxfp4_x2;
+} rowblock_fns;
+
+static rowblock_fns rowblock_for(const kernels *k) {
+    rowblock_fns b = {NULL, NULL, NULL, NULL, NULL};
 #ifdef K3_HAVE_X86_KERNELS
-    if (k->dot_f32 == k3_dot_f32_avx512) return k3_rows_f32_avx512;
-#endif
+    if (k->dot_f32 == k3_dot_f32_avx512) b.f32 = k3_rows_f32_avx512;
+    if (k->dot_bf16 == k3_dot_bf16_avx512) {
+        b.bf16 = k3_rows_bf16_avx512;
+        b.bf16_x2 = k3_rows_bf16_x2_avx512;
+    }
+    if (k->dot_mxfp4 == k3_dot_mxfp4_avx512) {
+        b.mxfp4 = k3_rows_mxfp4_avx512;
+        b.mxfp4_x2 = k3_rows_mxfp4_x2_avx512;
+    }
+    if (k->dot_mxfp4 == k3_dot_mxfp4_avx2) b.mxfp4 = k3_rows_mxfp4_avx2;
+#else
     (void)k;
-    return NULL;
+#endif
+    return b;
 }
 
-static k3_rows_bf16_fn rows_bf16_for(const kernels *k) {
-#ifdef K3_HAVE_X86_KERNELS
-    if (k->dot_bf16 == k3_dot_bf16_avx512) return k3_rows_bf16_avx512;
-#endif
-    (void)k;
-    return NULL;
-}
-
-static k3_rows_mxfp4_fn rows_mxfp4_for(const kernels *k) {
-#ifdef K3_HAVE_X86_KERNELS
-    if (k->dot_mxfp4 == k3_dot_mxfp4_avx512) return k3_rows_mxfp4_avx512;
-    if (k->dot_mxfp4 == k3_dot_mxfp4_avx2) return k3_rows_mxfp4_avx2;
-#endif
-    (void)k;
-    return NULL;
+/* o[j] (j < nr) is token t of row r0 + j */
+static inline void put_rows(float *y, size_t rows, size_t r0, size_t nr, size_t t, const float *o) {
+    memcpy(y + t * rows + r0, o, nr * sizeof *o);
 }
 
 void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_t ntok, float *y) {
     const size_t rows = W->rows, cols = W->cols, nblk = (rows + K3_ROWBLOCK - 1) / K3_ROWBLOCK;
+    const rowblock_fns rb = rowblock_for(k);
     if (W->dtype == DTYPE_F32) {
         const float *wd = W->data;
-        const k3_rows_f32_fn blk = rows_f32_for(k);
 #pragma omp parallel for schedule(static)
         for (size_t bi = 0; bi < nblk; bi++) {
             const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;
+            const float *w = wd + r0 * cols;
             for (size_t t = 0; t < ntok; t++) {
                 float o[K3_ROWBLOCK];
-                if (blk && nr == K3_ROWBLOCK) blk(wd + r0 * cols, x + t * cols, cols, o);
+                if (rb.f32 && nr == K3_ROWBLOCK) rb.f32(w, x + t * cols, cols, o);
                 else
-                    for (size_t j = 0; j < nr; j++) o[j] = k->dot_f32(wd + (r0 + j) * cols, x + t * cols, cols);
-                memcpy(y + t * rows + r0, o, nr * sizeof *o);
+                    for (size_t j = 0; j < nr; j++) o[j] = k->dot_f32(w + j * cols, x + t * cols, cols);
+                put_rows(y, rows, r0, nr, t, o);
             }
         }
     } else if (W->dtype == DTYPE_BF16) {
         const uint16_t *wd = W->data;
-        const k3_rows_bf16_fn blk = rows_bf16_for(k);
 #pragma omp parallel for schedule(static)
         for (size_t bi = 0; bi < nblk; bi++) {
             const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;
-            for (size_t t = 0; t < ntok; t++) {
-                float o[K3_ROWBLOCK];
-                if (blk && nr == K3_ROWBLOCK) blk(wd + r0 * cols, x + t * cols, cols, o);
+            const uint16_t *w = wd + r0 * cols;
+            size_t t = 0;
+            float o[2 * K3_ROWBLOCK];
+            if (rb.bf16_x2 && nr == K3_ROWBLOCK)
+                for (; t + 2 <= ntok; t += 2) {
+                    rb.bf16_x2(w, x + t * cols, cols, o);
+                    put_rows(y, rows, r0, nr, t, o);
+                    put_rows(y, rows, r0, nr, t + 1, o + K3_ROWBLOCK);
+                }
+            for (; t < ntok; t++) {
+                if (rb.bf16 && nr == K3_ROWBLOCK) rb.bf16(w, x + t * cols, cols, o);
                 else
-                    for (size_t j = 0; j < nr; j++) o[j] = k->dot_bf16(wd + (r0 + j) * cols, x + t * cols, cols);
-                memcpy(y + t * rows + r0, o, nr * sizeof *o);
+                    for (size_t j = 0; j < nr; j++) o[j] = k->dot_bf16(w + j * cols, x + t * cols, cols);
+                put_rows(y, rows, r0, nr, t, o);
             }
         }
     } else {
@@ -183,18 +199,25 @@ void matmul_mxfp4(const kernels *k, const mxfp4_weight *W, const float *x, size_
         fprintf(stderr, "k3: matmul_mxfp4: cols %zu is not a multiple of 32\n", cols);
         abort();
     }
-    const k3_rows_mxfp4_fn blk = rows_mxfp4_for(k);
+    const rowblock_fns rb = rowblock_for(k);
 #pragma omp parallel for schedule(static)
     for (size_t bi = 0; bi < nblk; bi++) {
         const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;
         const uint8_t *p = W->packed + r0 * (cols / 2), *s = W->scales + r0 * (cols / 32);
-        for (size_t t = 0; t < ntok; t++) {
-            float o[K3_ROWBLOCK];
-            if (blk && nr == K3_ROWBLOCK) blk(p, s, x + t * cols, cols, o);
+        size_t t = 0;
+        float o[2 * K3_ROWBLOCK];
+        if (rb.mxfp4_x2 && nr == K3_ROWBLOCK)
+            for (; t + 2 <= ntok; t += 2) {
+                rb.mxfp4_x2(p, s, x + t * cols, cols, o);
+                put_rows(y, rows, r0, nr, t, o);
+                put_rows(y, rows, r0, nr, t + 1, o + K3_ROWBLOCK);
+            }
+        for (; t < ntok; t++) {
+            if (rb.mxfp4 && nr == K3_ROWBLOCK) rb.mxfp4(p, s, x + t * cols, cols, o);
             else
                 for (size_t j = 0; j < nr; j++)
                     o[j] = k->dot_mxfp4(p + j * (cols / 2), s + j * (cols / 32), x + t * cols, cols);
-            memcpy(y + t * rows + r0, o, nr * sizeof *o);
+            put_rows(y, rows, r0, nr, t, o);
         }
     }
 }

@@ -111,20 +111,24 @@ float k3_dot_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, const floa
 void k3_rows_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out) {
     const mxfp4_consts c = mxfp4_init();
     const size_t pr = n / 2, sr = n / 32;
-    __m256d a[K3_ROWBLOCK][2];
-    for (int r = 0; r < K3_ROWBLOCK; r++) a[r][0] = a[r][1] = _mm256_setzero_pd();
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
     for (size_t b = 0; b < n / 32; b++) {
-        double sc[K3_ROWBLOCK];
-        for (int r = 0; r < K3_ROWBLOCK; r++) sc[r] = k3_mxfp4_scale(scales[(size_t)r * sr + b]);
+        const double sc[4] = {k3_mxfp4_scale(scales[b]), k3_mxfp4_scale(scales[sr + b]),
+                              k3_mxfp4_scale(scales[2 * sr + b]), k3_mxfp4_scale(scales[3 * sr + b])};
         for (size_t g = 0; g < 4; g++) {
+            const uint8_t *p = packed + b * 16 + g * 4;
             __m256 x8 = _mm256_loadu_ps(x + b * 32 + g * 8);
             __m256d x0 = _mm256_cvtps_pd(_mm256_castps256_ps128(x8)), x1 = _mm256_cvtps_pd(_mm256_extractf128_ps(x8, 1));
-            for (int r = 0; r < K3_ROWBLOCK; r++)
-                K3_MXFP4_ACC(a[r][0], a[r][1], mxfp4_e8(&c, packed + (size_t)r * pr + b * 16 + g * 4),
-                             _mm256_broadcast_sd(&sc[r]), x0, x1);
+            K3_MXFP4_ACC(a0, a1, mxfp4_e8(&c, p), _mm256_broadcast_sd(&sc[0]), x0, x1);
+            K3_MXFP4_ACC(b0, b1, mxfp4_e8(&c, p + pr), _mm256_broadcast_sd(&sc[1]), x0, x1);
+            K3_MXFP4_ACC(c0, c1, mxfp4_e8(&c, p + 2 * pr), _mm256_broadcast_sd(&sc[2]), x0, x1);
+            K3_MXFP4_ACC(d0, d1, mxfp4_e8(&c, p + 3 * pr), _mm256_broadcast_sd(&sc[3]), x0, x1);
         }
     }
-    for (int r = 0; r < K3_ROWBLOCK; r++) out[r] = reduce256(a[r][0], a[r][1]);
+    out[0] = reduce256(a0, a1);
+    out[1] = reduce256(b0, b1);
+    out[2] = reduce256(c0, c1);
+    out[3] = reduce256(d0, d1);
 }
 
 #endif

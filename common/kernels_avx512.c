@@ -110,6 +110,42 @@ void k3_rows_bf16_avx512(const uint16_t *w, const float *x, size_t n, float *out
     out[3] = reduce512(a3);
 }
 
+/* 4 rows x 2 tokens (x and x + n): each weight vector is converted once for both. */
+static inline void acc8_x2(__m512d *a, __m512d *b, __m512d wd, __m512d xa, __m512d xb) {
+    *a = acc8(*a, wd, xa);
+    *b = acc8(*b, wd, xb);
+}
+
+void k3_rows_bf16_x2_avx512(const uint16_t *w, const float *x, size_t n, float *out) {
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    const uint16_t *w1 = w + n, *w2 = w + 2 * n, *w3 = w + 3 * n;
+    const float *x2 = x + n;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m512d xa = f32x8(x + i), xb = f32x8(x2 + i);
+        acc8_x2(&a0, &b0, bf16x8(w + i), xa, xb);
+        acc8_x2(&a1, &b1, bf16x8(w1 + i), xa, xb);
+        acc8_x2(&a2, &b2, bf16x8(w2 + i), xa, xb);
+        acc8_x2(&a3, &b3, bf16x8(w3 + i), xa, xb);
+    }
+    if (i < n) {
+        __mmask8 m = tail_mask(n - i);
+        __m512d xa = f32x8_tail(x + i, m), xb = f32x8_tail(x2 + i, m);
+        acc8_x2(&a0, &b0, bf16x8_tail(w + i, m), xa, xb);
+        acc8_x2(&a1, &b1, bf16x8_tail(w1 + i, m), xa, xb);
+        acc8_x2(&a2, &b2, bf16x8_tail(w2 + i, m), xa, xb);
+        acc8_x2(&a3, &b3, bf16x8_tail(w3 + i, m), xa, xb);
+    }
+    out[0] = reduce512(a0);
+    out[1] = reduce512(a1);
+    out[2] = reduce512(a2);
+    out[3] = reduce512(a3);
+    out[4] = reduce512(b0);
+    out[5] = reduce512(b1);
+    out[6] = reduce512(b2);
+    out[7] = reduce512(b3);
+}
+
 /* ---- MXFP4 ----
  * One 32-element block: 16 packed bytes, one scale byte. Element k of a 64-bit
  * little-endian word of packed bytes sits in bits 4k..4k+3 (byte j: element 2j in
@@ -180,6 +216,49 @@ void k3_rows_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const fl
     out[1] = reduce512(a1);
     out[2] = reduce512(a2);
     out[3] = reduce512(a3);
+}
+
+/* 4 rows x 2 tokens (x and x + n): each decoded weight vector serves both tokens. */
+typedef struct {
+    __m512d a0, a1, a2, a3; /* token 0: the 32 activations of the block in double */
+    __m512d b0, b1, b2, b3; /* token 1 */
+} x2_block;
+
+static inline void mxfp4_block_x2(const mxfp4_consts *c, __m512d *a, __m512d *b, const uint8_t *packed,
+                                  uint8_t scale, const x2_block *xv) {
+    __m512d s = _mm512_set1_pd(k3_mxfp4_scale(scale));
+    __m512d tpos = _mm512_mul_pd(c->pos, s), tneg = _mm512_mul_pd(c->neg, s);
+    __m512i q0 = bcast_word(packed), q1 = bcast_word(packed + 8);
+    __m512d e0 = _mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q0, c->sh_lo), tneg);
+    __m512d e1 = _mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q0, c->sh_hi), tneg);
+    __m512d e2 = _mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q1, c->sh_lo), tneg);
+    __m512d e3 = _mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q1, c->sh_hi), tneg);
+    *a = acc8(acc8(acc8(acc8(*a, e0, xv->a0), e1, xv->a1), e2, xv->a2), e3, xv->a3);
+    *b = acc8(acc8(acc8(acc8(*b, e0, xv->b0), e1, xv->b1), e2, xv->b2), e3, xv->b3);
+}
+
+void k3_rows_mxfp4_x2_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out) {
+    const mxfp4_consts c = mxfp4_init();
+    const size_t pr = n / 2, sr = n / 32;
+    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+    for (size_t b = 0; b < n / 32; b++) {
+        const float *xa = x + b * 32, *xb = x + n + b * 32;
+        const x2_block xv = {f32x8(xa), f32x8(xa + 8), f32x8(xa + 16), f32x8(xa + 24),
+                             f32x8(xb), f32x8(xb + 8), f32x8(xb + 16), f32x8(xb + 24)};
+        const uint8_t *p = packed + b * 16, *s = scales + b;
+        mxfp4_block_x2(&c, &a0, &b0, p, s[0], &xv);
+        mxfp4_block_x2(&c, &a1, &b1, p + pr, s[sr], &xv);
+        mxfp4_block_x2(&c, &a2, &b2, p + 2 * pr, s[2 * sr], &xv);
+        mxfp4_block_x2(&c, &a3, &b3, p + 3 * pr, s[3 * sr], &xv);
+    }
+    out[0] = reduce512(a0);
+    out[1] = reduce512(a1);
+    out[2] = reduce512(a2);
+    out[3] = reduce512(a3);
+    out[4] = reduce512(b0);
+    out[5] = reduce512(b1);
+    out[6] = reduce512(b2);
+    out[7] = reduce512(b3);
 }
 
 #endif

@@ -15,7 +15,9 @@
  * being consecutive in memory (row j at w + j*n; for MXFP4 at packed + j*n/2 and
  * scales + j*n/32). Each out[j] has exactly the bits of the level's single-row dot:
  * the rows are only interleaved so that their independent accumulation chains
- * overlap and the conversion of x is shared. The drivers use them for full blocks. */
+ * overlap and the conversion of x is shared. The drivers use them for full blocks.
+ * The _x2 variants take 2 tokens (x and x + n) and write out[t*K3_ROWBLOCK + j]:
+ * each weight vector is decoded once for both tokens. */
 #define K3_ROWBLOCK 4
 typedef void (*k3_rows_f32_fn)(const float *w, const float *x, size_t n, float *out);
 typedef void (*k3_rows_bf16_fn)(const uint16_t *w, const float *x, size_t n, float *out);
@@ -33,6 +35,8 @@ float k3_dot_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const fl
 void k3_rows_f32_avx512(const float *w, const float *x, size_t n, float *out);
 void k3_rows_bf16_avx512(const uint16_t *w, const float *x, size_t n, float *out);
 void k3_rows_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out);
+void k3_rows_bf16_x2_avx512(const uint16_t *w, const float *x, size_t n, float *out);
+void k3_rows_mxfp4_x2_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out);
 #endif
 
 /* 2^(s-127) as a double, exact for every byte s (s = 0 gives 2^-127, a normal double). */

@@ -1,0 +1,164 @@
+/* Job: the tokenizer CLI (encode a file to ids, decode ids to bytes); contract in tokenize_cmd.h. */
+#include "coordinator/tokenize_cmd.h"
+#include "coordinator/tokenizer.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static char *slurp(const char *path, size_t *len)
+{
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        fprintf(stderr, "k3: %s: cannot open: %s\n", path, strerror(errno));
+        return NULL;
+    }
+    size_t cap = 1 << 16, n = 0;
+    char *buf = malloc(cap + 1);
+    while (buf) {
+        if (n == cap) {
+            char *nb = realloc(buf, 2 * cap + 1);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t r = fread(buf + n, 1, cap - n, f);
+        n += r;
+        if (r == 0) break;
+    }
+    if (!buf) {
+        fprintf(stderr, "k3: %s: out of memory\n", path);
+    } else if (ferror(f)) {
+        fprintf(stderr, "k3: %s: read error: %s\n", path, strerror(errno));
+        free(buf);
+        buf = NULL;
+    } else {
+        buf[n] = 0;
+        *len = n;
+    }
+    fclose(f);
+    return buf;
+}
+
+static int write_out(const char *p, size_t n)
+{
+    if (n && fwrite(p, 1, n, stdout) != n) goto bad;
+    if (fflush(stdout)) goto bad;
+    return 0;
+bad:
+    fprintf(stderr, "k3: writing stdout: %s\n", strerror(errno));
+    return 1;
+}
+
+static int do_encode(const tokenizer *t, const char *path, int no_special)
+{
+    size_t len;
+    char *text = slurp(path, &len);
+    if (!text) return 2;
+    int32_t *ids;
+    size_t n;
+    char err[256];
+    int rc = tokenizer_encode(t, text, len, !no_special, &ids, &n, err, sizeof err);
+    free(text);
+    if (rc != TOK_OK) {
+        fprintf(stderr, "k3: %s: %s\n", path, err);
+        return rc == TOK_EINPUT ? 2 : 1;
+    }
+    char *out = malloc(n * 12 + 2);
+    if (!out) {
+        free(ids);
+        fprintf(stderr, "k3: out of memory\n");
+        return 1;
+    }
+    size_t w = 0;
+    for (size_t i = 0; i < n; i++) {
+        char tmp[16];
+        int l = snprintf(tmp, sizeof tmp, "%s%ld", i ? " " : "", (long)ids[i]);
+        memcpy(out + w, tmp, (size_t)l);
+        w += (size_t)l;
+    }
+    out[w++] = '\n';
+    free(ids);
+    rc = write_out(out, w);
+    free(out);
+    return rc;
+}
+
+static int do_decode(const tokenizer *t, const char *path)
+{
+    size_t len;
+    char *text = slurp(path, &len);
+    if (!text) return 2;
+    int32_t *ids = malloc((len / 2 + 1) * sizeof *ids);
+    if (!ids) {
+        free(text);
+        fprintf(stderr, "k3: out of memory\n");
+        return 1;
+    }
+    size_t n = 0, i = 0;
+    int rc = 0;
+    while (i < len) {
+        char c = text[i];
+        if (c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\v' || c == '\f') {
+            i++;
+            continue;
+        }
+        size_t st = i;
+        int64_t v = 0;
+        while (i < len && text[i] >= '0' && text[i] <= '9') {
+            if (v <= INT32_MAX) v = v * 10 + (text[i] - '0');
+            i++;
+        }
+        int sep = i == len || text[i] == ' ' || text[i] == '\t' || text[i] == '\n' || text[i] == '\r' ||
+                  text[i] == '\v' || text[i] == '\f';
+        if (i == st || !sep || v >= (int64_t)tokenizer_vocab_size(t)) {
+            size_t e = i;
+            while (e < len && e - st < 24 && text[e] != ' ' && text[e] != '\n') e++;
+            fprintf(stderr, "k3: %s: bad token id \"%.*s\" at byte offset %zu (ids are 0..%zu)\n", path,
+                    (int)(e > st ? e - st : 1), text + st, st, tokenizer_vocab_size(t) - 1);
+            rc = 2;
+            break;
+        }
+        ids[n++] = (int32_t)v;
+    }
+    free(text);
+    if (rc) {
+        free(ids);
+        return rc;
+    }
+    char *out;
+    size_t olen;
+    char err[256];
+    int drc = tokenizer_decode(t, ids, n, &out, &olen, err, sizeof err);
+    free(ids);
+    if (drc != TOK_OK) {
+        fprintf(stderr, "k3: %s: %s\n", path, err);
+        return drc == TOK_EINPUT ? 2 : 1;
+    }
+    rc = write_out(out, olen);
+    free(out);
+    return rc;
+}
+
+int tokenize_command(const char *tok_dir, const char *encode_file, const char *decode_file, int no_special)
+{
+    if (!tok_dir || (!encode_file) == (!decode_file)) {
+        fprintf(stderr, "usage: k3 --tok DIR (--encode FILE [--no-special] | --decode FILE)\n");
+        return 2;
+    }
+    char err[512];
+    tokenizer *t = tokenizer_load(tok_dir, err, sizeof err);
+    if (!t) {
+        fprintf(stderr, "k3: %s\n", err);
+        return 1;
+    }
+    int rc = encode_file ? do_encode(t, encode_file, no_special) : do_decode(t, decode_file);
+    tokenizer_free(t);
+    return rc;
+}

@@ -37,7 +37,8 @@ typedef struct {
     int teacher_force, full_recompute, no_special;
     simd_level simd;
     /* expert servers */
-    long workers, workers_per_node, worker_threads, cache_mb, timeout_ms, max_restarts;
+    long workers, workers_per_node, worker_threads, timeout_ms, max_restarts;
+    double cache_mb;
     int numa;
 } options;
 
@@ -149,7 +150,15 @@ static int parse_args(int argc, char **argv, options *o) {
         case 'W': if (num_opt("--workers", optarg, 0, 256, &o->workers)) return -1; break;
         case 'N': if (num_opt("--workers-per-node", optarg, 1, 64, &o->workers_per_node)) return -1; break;
         case 'R': if (num_opt("--worker-threads", optarg, 1, 4096, &o->worker_threads)) return -1; break;
-        case 'M': if (num_opt("--expert-cache-mb", optarg, 1, 1L << 30, &o->cache_mb)) return -1; break;
+        case 'M': {
+            char *end;
+            o->cache_mb = strtod(optarg, &end);
+            if (end == optarg || *end || !(o->cache_mb > 0 && o->cache_mb < 1e9)) {
+                fprintf(stderr, "k3: --expert-cache-mb wants a positive number of MiB, got '%s'\n", optarg);
+                return -1;
+            }
+            break;
+        }
         case 'O': if (num_opt("--worker-timeout-ms", optarg, 100, 86400000L, &o->timeout_ms)) return -1; break;
         case 'X': if (num_opt("--max-restarts", optarg, 0, 1000, &o->max_restarts)) return -1; break;
         case 'U':
@@ -284,6 +293,7 @@ static json_t *workers_json(const expert_backend *eb, int n_workers) {
         workers_pool_stats(eb, i, &ws);
         json_t *w = json_object();
         json_object_set_new(w, "worker", json_integer(i));
+        json_object_set_new(w, "pid", json_integer(ws.pid));
         json_object_set_new(w, "node", json_integer(ws.node));
         json_object_set_new(w, "requests", json_integer((json_int_t)ws.requests));
         json_object_set_new(w, "expert_hits", json_integer((json_int_t)ws.hits));
@@ -408,7 +418,7 @@ static int start_backend(const options *o, k3_model *m, const kernels *k, int th
     uint64_t per_worker_all = (m->experts.expert_bytes + 3 * 4096) *
                               (((uint64_t)m->cfg.num_experts * (uint64_t)m->cfg.num_hidden_layers + (uint64_t)nw - 1) / (uint64_t)nw);
     uint64_t cap = 4096ull << 20;
-    po.cache_bytes = o->cache_mb ? (uint64_t)o->cache_mb << 20 : (per_worker_all < cap ? per_worker_all : cap);
+    po.cache_bytes = o->cache_mb > 0 ? (uint64_t)(o->cache_mb * 1048576.0) : (per_worker_all < cap ? per_worker_all : cap);
     return workers_pool_create(eb, m, &po, err);
 }
 
@@ -416,6 +426,13 @@ int main(int argc, char **argv) {
     options o;
     if (parse_args(argc, argv, &o)) { usage(stderr); return EXIT_USAGE; }
     if (o.encode_file || o.decode_file) return tokenize_command(o.tok_dir, o.encode_file, o.decode_file, o.no_special);
+    /* With expert servers the coordinator's cores sit idle while they compute;
+     * libgomp reads its wait policy only at start-up, so restart once with
+     * passive waiting (idle threads sleep instead of spinning on shared cores). */
+    if (o.workers != 0 && !getenv("OMP_WAIT_POLICY")) {
+        setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+        execv("/proc/self/exe", argv);
+    }
     const kernels *k = kernels_get(o.simd);
     if (!k) {
         static const char *const names[] = {"auto", "scalar", "avx2", "avx512"};

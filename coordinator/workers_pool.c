@@ -103,6 +103,9 @@ static int spawn(pool *p, worker *w, k3_error *err) {
     if (pid == 0) {
         int c = fcntl(sv[1], F_DUPFD_CLOEXEC, 100), r = fcntl(w->rg.fd, F_DUPFD_CLOEXEC, 100);
         if (c < 0 || r < 0 || dup2(c, 3) != 3 || dup2(r, 4) != 4) _exit(127);
+        /* The coordinator waits while a worker computes and the other way round:
+         * idle OpenMP threads must sleep, not spin, or they steal the cores. */
+        if (!getenv("OMP_WAIT_POLICY")) setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
         execl(p->path, "k3-expertd", "--control-fd", "3", "--ring-fd", "4", (char *)NULL);
         fprintf(stderr, "k3: cannot start %s: %s\n", p->path, strerror(errno));
         _exit(127);

@@ -78,8 +78,8 @@ bench: $(BENCH_BINS) $(PROGS)
 	scripts/bench.sh
 
 # Bundled small model: generate (deterministically) and run it.
-demo: $(BIN)/k3
-	$(BIN)/k3 tests/models/m13 --ids 1,2,3,4,5 --gen 20
+demo: $(PROGS)
+	$(BIN)/k3 tests/models/m13 --prompt "The expert servers" --gen 24
 
 clean:
 	rm -rf build build-asan bin bin-asan

@@ -160,8 +160,16 @@ size_t utf8_stream_flush(utf8_stream *s, char *out)
 
 /* ------------------------------------------------------------------ hash table */
 
+/* Open addressing, linear probing. A slot holds the first 8 bytes of the key, so tokens of up to 8
+ * bytes (nearly every BPE pair lookup) are matched without touching the token blob. */
 typedef struct {
-    uint64_t *slots; /* (tag << 32) | (id + 1); 0 = empty */
+    uint64_t k8;  /* first min(len, 8) key bytes, zero padded */
+    uint32_t id1; /* id + 1; 0 = empty */
+    uint32_t meta; /* (hash tag << 8) | min(len, 255) */
+} hslot;
+
+typedef struct {
+    hslot *slots;
     size_t mask;
 } htab;
 
@@ -172,53 +180,62 @@ struct tokenizer {
     uint32_t *len;    /* per id */
     htab ranks;       /* base tokens */
     htab specials;    /* special texts */
+    int32_t *pair2;   /* rank of every 2-byte string (or -1), indexed by b0 << 8 | b1 */
     uint8_t special_first[32];    /* bitmap of first bytes of special texts */
     size_t special_lens[MAX_SPECIAL]; /* distinct special text lengths, descending */
     size_t n_special_lens;
     size_t blob_base; /* bytes of base tokens in blob */
 };
 
-static inline uint64_t hash_bytes(const unsigned char *p, size_t n)
+static inline uint64_t load_k8(const unsigned char *p, size_t n)
 {
-    uint64_t h = 0x9E3779B97F4A7C15ull ^ ((uint64_t)n * 0xD6E8FEB86659FD93ull);
-    while (n >= 8) {
-        uint64_t v;
-        memcpy(&v, p, 8);
-        h = (h ^ v) * 0xFF51AFD7ED558CCDull;
-        h ^= h >> 32;
-        p += 8;
-        n -= 8;
-    }
     uint64_t v = 0;
-    if (n) memcpy(&v, p, n);
-    h = (h ^ v) * 0xC4CEB9FE1A85EC53ull;
-    h ^= h >> 29;
-    h *= 0xFF51AFD7ED558CCDull;
+    memcpy(&v, p, n < 8 ? n : 8);
+    return v;
+}
+
+static inline uint64_t hash_bytes(const unsigned char *p, size_t n, uint64_t k8)
+{
+    uint64_t h = (k8 ^ ((uint64_t)n * 0xD6E8FEB86659FD93ull)) * 0x9E3779B97F4A7C15ull;
+    for (size_t i = 8; i < n; i += 8) {
+        size_t l = n - i < 8 ? n - i : 8;
+        uint64_t v = 0;
+        memcpy(&v, p + i, l);
+        h = (h ^ (h >> 29) ^ v) * 0xFF51AFD7ED558CCDull;
+    }
     h ^= h >> 32;
+    h *= 0xC4CEB9FE1A85EC53ull;
+    h ^= h >> 29;
     return h;
 }
 
 static int htab_init(htab *h, size_t n)
 {
     size_t cap = 16;
-    while (cap < 2 * n + 16) cap <<= 1;
+    while (cap < n + n / 4 + 16) cap <<= 1;
     h->slots = calloc(cap, sizeof *h->slots);
     if (!h->slots) return -1;
     h->mask = cap - 1;
     return 0;
 }
 
+static inline uint32_t slot_meta(uint64_t hv, size_t n)
+{
+    return ((uint32_t)(hv >> 32) & 0xFFFFFF00u) | (uint32_t)(n < 255 ? n : 255);
+}
+
 static inline int32_t htab_get(const tokenizer *t, const htab *h, const unsigned char *p, size_t n)
 {
-    uint64_t hv = hash_bytes(p, n);
-    uint32_t tag = (uint32_t)(hv >> 32);
+    uint64_t k8 = load_k8(p, n), hv = hash_bytes(p, n, k8);
+    uint32_t meta = slot_meta(hv, n);
     size_t i = (size_t)hv & h->mask;
     for (;;) {
-        uint64_t s = h->slots[i];
-        if (!s) return -1;
-        if ((uint32_t)(s >> 32) == tag) {
-            uint32_t id = (uint32_t)s - 1;
-            if (t->len[id] == n && memcmp(t->blob + t->off[id], p, n) == 0) return (int32_t)id;
+        const hslot *s = &h->slots[i];
+        if (!s->id1) return -1;
+        if (s->meta == meta && s->k8 == k8) {
+            uint32_t id = s->id1 - 1;
+            if (n <= 8) return (int32_t)id;
+            if (t->len[id] == n && memcmp(t->blob + t->off[id] + 8, p + 8, n - 8) == 0) return (int32_t)id;
         }
         i = (i + 1) & h->mask;
     }
@@ -229,21 +246,13 @@ static int32_t htab_put(tokenizer *t, htab *h, uint32_t id)
 {
     const unsigned char *p = (const unsigned char *)t->blob + t->off[id];
     size_t n = t->len[id];
-    uint64_t hv = hash_bytes(p, n);
-    uint32_t tag = (uint32_t)(hv >> 32);
+    int32_t old = htab_get(t, h, p, n);
+    if (old >= 0) return old;
+    uint64_t k8 = load_k8(p, n), hv = hash_bytes(p, n, k8);
     size_t i = (size_t)hv & h->mask;
-    for (;;) {
-        uint64_t s = h->slots[i];
-        if (!s) {
-            h->slots[i] = ((uint64_t)tag << 32) | ((uint64_t)id + 1);
-            return -1;
-        }
-        if ((uint32_t)(s >> 32) == tag) {
-            uint32_t other = (uint32_t)s - 1;
-            if (t->len[other] == n && memcmp(t->blob + t->off[other], p, n) == 0) return (int32_t)other;
-        }
-        i = (i + 1) & h->mask;
-    }
+    while (h->slots[i].id1) i = (i + 1) & h->mask;
+    h->slots[i] = (hslot){ k8, id + 1, slot_meta(hv, n) };
+    return -1;
 }
 
 /* ------------------------------------------------------------------ loading */
@@ -427,6 +436,14 @@ static int load_ranks(tokenizer *t, const char *path, char *err, size_t errlen)
     }
     free(seen);
     t->blob_base = blob_n;
+    if (!(t->pair2 = malloc(65536 * sizeof *t->pair2))) {
+        set_err(err, errlen, "%s: out of memory", path);
+        goto out;
+    }
+    for (unsigned k = 0; k < 65536; k++) {
+        unsigned char two[2] = { (unsigned char)(k >> 8), (unsigned char)k };
+        t->pair2[k] = htab_get(t, &t->ranks, two, 2);
+    }
     for (int b = 0; b < 256; b++) {
         unsigned char c = (unsigned char)b;
         if (htab_get(t, &t->ranks, &c, 1) < 0) {
@@ -580,6 +597,7 @@ void tokenizer_free(tokenizer *t)
     free(t->off);
     free(t->len);
     free(t->ranks.slots);
+    free(t->pair2);
     free(t->specials.slots);
     free(t);
 }
@@ -670,7 +688,7 @@ static int scratch_reserve(enc_ctx *c, size_t n)
 
 static inline uint32_t rank_of(const tokenizer *t, const unsigned char *p, size_t n)
 {
-    int32_t r = htab_get(t, &t->ranks, p, n);
+    int32_t r = n == 2 ? t->pair2[(unsigned)p[0] << 8 | p[1]] : htab_get(t, &t->ranks, p, n);
     return r < 0 ? RANK_NONE : (uint32_t)r;
 }
 
@@ -795,13 +813,15 @@ static int bpe_heap(enc_ctx *c, const unsigned char *p, size_t len)
     return TOK_OK;
 }
 
-static int bpe_piece(enc_ctx *c, const unsigned char *p, size_t len, int method)
+static int bpe_uncached(enc_ctx *c, const unsigned char *p, size_t len, int method)
 {
     int32_t whole = htab_get(c->t, &c->t->ranks, p, len);
     if (whole >= 0) return emit(c, whole);
     if (method == 1 || (method == 0 && len <= BPE_LINEAR_MAX)) return bpe_linear(c, p, len);
     return bpe_heap(c, p, len);
 }
+
+static int bpe_piece(enc_ctx *c, const unsigned char *p, size_t len) { return bpe_uncached(c, p, len, 0); }
 
 /* ------------------------------------------------------------------ the Kimi split */
 
@@ -927,7 +947,7 @@ static int encode_segment(enc_ctx *c, const seg *s)
 {
     for (size_t i = 0; i < s->n;) {
         size_t e = kimi_next(s, i);
-        int rc = bpe_piece(c, s->text + s->off[i], s->off[e] - s->off[i], 0);
+        int rc = bpe_piece(c, s->text + s->off[i], s->off[e] - s->off[i]);
         if (rc) return rc;
         i = e;
     }
@@ -1128,7 +1148,7 @@ int tokenizer_bpe_piece(const tokenizer *t, const void *bytes, size_t len, int m
     enc_ctx c = { .t = t };
     int rc;
     if (method == 0) {
-        rc = bpe_piece(&c, bytes, len, 0);
+        rc = bpe_uncached(&c, bytes, len, 0);
     } else {
         /* no whole-piece shortcut: exercise the merge loop itself */
         rc = method == 1 ? bpe_linear(&c, bytes, len) : bpe_heap(&c, bytes, len);

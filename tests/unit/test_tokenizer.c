@@ -903,6 +903,13 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static double cpu_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
 static int bench_mode(const char *dir, const char *file, double seconds)
 {
     char err[512];
@@ -921,7 +928,7 @@ static int bench_mode(const char *dir, const char *file, double seconds)
     }
     size_t reps = 0, ntok = 0;
     t0 = now_s();
-    double el;
+    double c0 = cpu_s(), el;
     do {
         int32_t *ids;
         size_t n;
@@ -934,8 +941,9 @@ static int bench_mode(const char *dir, const char *file, double seconds)
         reps++;
         el = now_s() - t0;
     } while (el < seconds || reps < 3);
-    printf("load %.3f s; encode %zu bytes -> %zu tokens, %zu reps in %.3f s: %.2f MB/s\n", load, len, ntok, reps, el,
-           (double)len * (double)reps / el / 1e6);
+    double cpu = cpu_s() - c0;
+    printf("load %.3f s; encode %zu bytes -> %zu tokens, %zu reps in %.3f s wall, %.3f s cpu: %.2f MB/s wall, %.2f MB/s cpu\n",
+           load, len, ntok, reps, el, cpu, (double)len * (double)reps / el / 1e6, (double)len * (double)reps / cpu / 1e6);
     free(buf);
     tokenizer_free(t);
     return 0;

@@ -88,7 +88,7 @@ int forward_chunk(engine *en, seq_state *st, const int32_t *tokens, size_t T, si
         if (lw->is_moe ? moe_forward(k, c, &lw->moe, l, en->experts, xn, T, a, trace, err)
                        : mlp_forward(k, c, &lw->mlp, xn, T, a, err))
             goto out;
-        if (trace)
+        if (trace && lw->is_moe)
             for (size_t t = 0; t < T; t++)
                 en->on_route(en->on_route_ctx, l, st->pos + t, trace + t * (size_t)c->num_experts_per_token,
                              c->num_experts_per_token);

@@ -32,7 +32,7 @@ enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2 };
 
 typedef struct {
     const char *model_dir, *ids_arg, *prompt, *prompt_file, *json_path, *logits_path;
-    const char *tok_dir, *encode_file, *decode_file;
+    const char *tok_dir, *encode_file, *decode_file, *trace_path;
     long gen, threads, chunk;
     int teacher_force, full_recompute, no_special;
     simd_level simd;
@@ -60,6 +60,7 @@ static void usage(FILE *f) {
             "  --expert-cache-mb MB expert cache per server (default: all of its experts, at most 4096)\n"
             "  --worker-timeout-ms MS  restart a server that makes no progress this long (default 30000)\n"
             "  --max-restarts N     restarts allowed per server before the run fails (default 3)\n"
+            "  --dump-expert-trace FILE  write every routing decision (position, layer, top-k ids)\n"
             "  k3 --tok DIR --encode FILE [--no-special] | --decode FILE   tokenizer only\n"
             "exit status: 0 ok, 2 usage or refused model/input, 1 run-time failure\n");
 }
@@ -117,7 +118,7 @@ static int parse_args(int argc, char **argv, options *o) {
         {"workers", required_argument, 0, 'W'},    {"workers-per-node", required_argument, 0, 'N'},
         {"numa", required_argument, 0, 'U'},       {"worker-threads", required_argument, 0, 'R'},
         {"expert-cache-mb", required_argument, 0, 'M'}, {"worker-timeout-ms", required_argument, 0, 'O'},
-        {"max-restarts", required_argument, 0, 'X'},
+        {"max-restarts", required_argument, 0, 'X'},  {"dump-expert-trace", required_argument, 0, 'A'},
         {"tok", required_argument, 0, 'k'},        {"encode", required_argument, 0, 'e'},
         {"decode", required_argument, 0, 'd'},     {"no-special", no_argument, 0, 'n'},
         {0, 0, 0, 0}};
@@ -167,6 +168,7 @@ static int parse_args(int argc, char **argv, options *o) {
             else { fprintf(stderr, "k3: --numa wants auto|off, got '%s'\n", optarg); return -1; }
             break;
         case 'k': o->tok_dir = optarg; break;
+        case 'A': o->trace_path = optarg; break;
         case 'e': o->encode_file = optarg; break;
         case 'd': o->decode_file = optarg; break;
         case 'n': o->no_special = 1; break;
@@ -307,6 +309,14 @@ static json_t *workers_json(const expert_backend *eb, int n_workers) {
         json_array_append_new(a, w);
     }
     return a;
+}
+
+/* --dump-expert-trace: one line per (position, MoE layer): "pos layer e1 ... ek" in top-k order. */
+static void trace_route(void *ctx, int layer, size_t position, const int32_t *ids, int top_k) {
+    FILE *f = ctx;
+    fprintf(f, "%zu %d", position, layer);
+    for (int j = 0; j < top_k; j++) fprintf(f, " %d", ids[j]);
+    fputc('\n', f);
 }
 
 typedef struct {
@@ -481,7 +491,16 @@ int main(int argc, char **argv) {
     if (start_backend(&o, &m, k, ri.threads, &eb, &ri.n_workers, &err)) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
     ri.eb = &eb;
     engine en = {.model = &m, .k = k, .experts = &eb};
+    FILE *trace = NULL;
+    if (o.trace_path) {
+        if (!(trace = fopen(o.trace_path, "w"))) { fprintf(stderr, "k3: cannot write %s\n", o.trace_path); goto done; }
+        fprintf(trace, "# k3 expert trace v1 layers=%d experts=%d top_k=%d\n", m.cfg.num_hidden_layers, m.cfg.num_experts,
+                m.cfg.num_experts_per_token);
+        en.on_route = trace_route;
+        en.on_route_ctx = trace;
+    }
     status = run(&en, &o, &r, &err);
+    if (trace && fclose(trace) != 0 && status == EXIT_OK) { fprintf(stderr, "k3: error writing %s\n", o.trace_path); status = EXIT_RUNTIME; }
     if (status != EXIT_OK) fprintf(stderr, "k3: %s\n", err.msg);
     else status = write_outputs(&o, &r, &en, &ri);
 done:

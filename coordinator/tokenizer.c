@@ -813,15 +813,13 @@ static int bpe_heap(enc_ctx *c, const unsigned char *p, size_t len)
     return TOK_OK;
 }
 
-static int bpe_uncached(enc_ctx *c, const unsigned char *p, size_t len, int method)
+static int bpe_piece(enc_ctx *c, const unsigned char *p, size_t len, int method)
 {
     int32_t whole = htab_get(c->t, &c->t->ranks, p, len);
     if (whole >= 0) return emit(c, whole);
     if (method == 1 || (method == 0 && len <= BPE_LINEAR_MAX)) return bpe_linear(c, p, len);
     return bpe_heap(c, p, len);
 }
-
-static int bpe_piece(enc_ctx *c, const unsigned char *p, size_t len) { return bpe_uncached(c, p, len, 0); }
 
 /* ------------------------------------------------------------------ the Kimi split */
 
@@ -947,7 +945,7 @@ static int encode_segment(enc_ctx *c, const seg *s)
 {
     for (size_t i = 0; i < s->n;) {
         size_t e = kimi_next(s, i);
-        int rc = bpe_piece(c, s->text + s->off[i], s->off[e] - s->off[i]);
+        int rc = bpe_piece(c, s->text + s->off[i], s->off[e] - s->off[i], 0);
         if (rc) return rc;
         i = e;
     }
@@ -1019,8 +1017,10 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int allow
     uint32_t *off = malloc((slice + 1) * sizeof *off);
     int rc = TOK_OK;
     if (!cls || !off) rc = TOK_ENOMEM;
-    else if (!(c.ids = malloc((len / 3 + 16) * sizeof *c.ids))) rc = TOK_ENOMEM;
-    else c.cap = len / 3 + 16;
+    else {
+        c.cap = len / 3 + 16 < ((size_t)1 << 22) ? len / 3 + 16 : ((size_t)1 << 22); /* grows as needed */
+        if (!(c.ids = malloc(c.cap * sizeof *c.ids))) rc = TOK_ENOMEM;
+    }
     /* off[] is relative to the slice start, so slices of any input fit in 32 bits */
     for (size_t pos = 0; rc == TOK_OK && pos < len;) {
         const unsigned char *base = u + pos;
@@ -1148,7 +1148,7 @@ int tokenizer_bpe_piece(const tokenizer *t, const void *bytes, size_t len, int m
     enc_ctx c = { .t = t };
     int rc;
     if (method == 0) {
-        rc = bpe_uncached(&c, bytes, len, 0);
+        rc = bpe_piece(&c, bytes, len, 0);
     } else {
         /* no whole-piece shortcut: exercise the merge loop itself */
         rc = method == 1 ? bpe_linear(&c, bytes, len) : bpe_heap(&c, bytes, len);

@@ -30,21 +30,24 @@ S3=model-00003-of-00003.safetensors
 
 fresh() { rm -rf "$T/m"; cp -r "$MODEL" "$T/m"; }
 
-# expect_exit CODE LABEL ARGS... -- then the substrings stderr must contain are in $WANT (|-separated)
+# expect_exit CODE LABEL ARGS... (CODE nz = any failure status but a signal); the substrings
+# stderr must contain are in $WANT (|-separated).
 # Runs $K3_BIN ARGS, checks the exit code, that stdout is empty and stderr holds every wanted substring.
 expect_exit() {
   local code=$1 label=$2; shift 2
   n=$((n+1))
   "$K3_BIN" "$@" >"$T/out" 2>"$T/err"
   local rc=$?
-  if [ "$rc" -ne "$code" ]; then bad "$label: exit $rc, expected $code; stderr: $(head -c 400 "$T/err")"; return; fi
+  if [ "$code" = nz ]; then  # any failure status, but not a signal
+    if [ "$rc" -eq 0 ] || [ "$rc" -gt 125 ]; then bad "$label: exit $rc, expected a failure status; stderr: $(head -c 400 "$T/err")"; return; fi
+  elif [ "$rc" -ne "$code" ]; then bad "$label: exit $rc, expected $code; stderr: $(head -c 400 "$T/err")"; return; fi
   if [ -s "$T/out" ]; then bad "$label: printed ids on stdout: $(head -c 200 "$T/out")"; fi
   if [ ! -s "$T/err" ]; then bad "$label: no message on stderr"; return; fi
   local IFS='|' w
   for w in $WANT; do
     grep -qF -- "$w" "$T/err" || bad "$label: stderr lacks '$w': $(head -c 400 "$T/err")"
   done
-  echo "ok   $label: $(head -n 1 "$T/err" | cut -c1-160)"
+  echo "ok   $label: $(tail -n 1 "$T/err" | cut -c1-160)"
 }
 
 # refuse LABEL WANT OP ARGS... : queues one mutation of a fresh copy of the model; run_refusals
@@ -152,19 +155,19 @@ pokes=()
 for e in $(seq 0 15); do pokes+=("$P.layers.1.block_sparse_moe.experts.$e.w2.weight_scale" 17 255); done
 $MUT "$T/m" poke "${pokes[@]}" || bad "poke failed"
 WANT="$P.layers.1.block_sparse_moe.experts.|w2.weight_scale|255"
-expect_exit 1 "scale byte 255 in every expert of layer 1" "$T/m" --ids 1,2,3 --gen 1
+expect_exit nz "scale byte 255 in every expert of layer 1" "$T/m" --ids 1,2,3 --gen 1
 used=$(grep -o "$P\.layers\.1\.block_sparse_moe\.experts\.[0-9]*\.w2\.weight_scale" "$T/err" | head -n 1)
 if [ -n "$used" ]; then
   fresh
   $MUT "$T/m" poke "$used" 40 255 || bad "poke failed"
   WANT="'$used'|255"
-  expect_exit 1 "scale byte 255 in one used expert" "$T/m" --ids 1,2,3 --gen 1
+  expect_exit nz "scale byte 255 in one used expert" "$T/m" --ids 1,2,3 --gen 1
   # with --gen 0 the run still needs the prompt's logits, so it must fail too
   WANT="'$used'"
-  expect_exit 1 "scale byte 255, --gen 0" "$T/m" --ids 1,2,3 --gen 0
+  expect_exit nz "scale byte 255, --gen 0" "$T/m" --ids 1,2,3 --gen 0
   # and the same with the experts computed in-process
   WANT="'$used'|255"
-  expect_exit 1 "scale byte 255, --workers 0" "$T/m" --ids 1,2,3 --gen 1 --workers 0
+  expect_exit nz "scale byte 255, --workers 0" "$T/m" --ids 1,2,3 --gen 1 --workers 0
 else
   bad "could not read the poisoned expert's name"
 fi

@@ -103,13 +103,20 @@ for t in traps:
             cells.append("not caught")
     if caught:
         verdict = "caught by " + ",".join(caught)
+        open("%s/%s.caught" % (tmp, t), "w").close()
     elif info.get(t):
         verdict = "info only (not observable through ids)"
     else:
         verdict = "FAIL: caught by no model"
         bad += 1
     print("%-24s %-4s %s  %s" % (t, item.get(t, "?"), "  ".join("%-22s" % c for c in cells), verdict))
-print("%d traps, %d not caught" % (len(traps), bad))
+items_caught = {item.get(t) for t in traps if os.path.exists("%s/%s.caught" % (tmp, t))}
+missing = [str(i) for i in range(1, 12) if str(i) not in items_caught]
+if missing:
+    print("FAIL: no caught trap for spec section 5 item(s) %s" % ", ".join(missing))
+    bad += 1
+print("%d traps, %d not caught; section 5 items with a caught trap: %s" % (
+    len(traps), bad, " ".join(sorted((i for i in items_caught if i.isdigit()), key=int))))
 sys.exit(1 if bad else 0)
 EOF
 exit "$fail"

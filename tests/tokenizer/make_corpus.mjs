@@ -65,13 +65,13 @@ add("long/ws30000", "a" + rep(" ", 30000) + "b");
 add("long/ws30000-end", "a" + rep(" ", 30000));
 add("long/nl30000", rep("\n", 30000) + "x");
 add("long/mixedws", rep(" \t", 14000) + "\nx" + rep("\r\n ", 9000));
-add("long/ideo-space", rep("\u3000", 26000) + "中");
+add("long/ideo-space", rep("\u3000\u001c", 13000) + "中"); // one Python-space run of 3- and 1-byte code points, short pattern pieces
 add("long/py-not-ws", rep("\u001c", 26000) + "a"); // Python space, regex non-space
 add("long/digits", rep("1", 30001));
 add("long/digits2", rep("0123456789", 5001) + " x");
 add("long/letters", rep("a", 26000) + " " + rep("Ab", 13000));
 add("long/punct", rep("!", 26000));
-add("long/han", rep("中", 25010));
+add("long/han", rep("中", 3000) + rep("中a", 12000) + rep("文", 2000)); // non-space run cut inside "中a"; long pure-Han pieces are O(n^2) for the oracle
 add("long/special-at-cut", rep("x", 24998) + "<|open|>" + rep("y", 10), 1);
 add("long/special-in-ws-cut", rep(" ", 24995) + "<|sep|>" + rep(" ", 10) + "z", 1);
 // > 400,000 code points: the 400k slice boundary falls inside a word and inside a special token

@@ -165,6 +165,23 @@ int checkpoint_shard_fd(checkpoint *ck, int shard, k3_error *err) {
     return s->fd;
 }
 
+int checkpoint_read(checkpoint *ck, const ckpt_entry *e, uint64_t off, void *dst, size_t len, k3_error *err) {
+    if (off > e->t->end - e->t->begin || len > e->t->end - e->t->begin - off)
+        return k3_fail(err, "read of %zu bytes at %llu is outside tensor '%s'", len, (unsigned long long)off, e->name);
+    int fd = checkpoint_shard_fd(ck, e->shard, err);
+    if (fd < 0) return -1;
+    uint64_t at = e->t->begin + off;
+    size_t got = 0;
+    while (got < len) {
+        ssize_t r = pread(fd, (char *)dst + got, len - got, (off_t)(at + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return k3_fail(err, "read error in shard %s at offset %llu: %s", ck->shards[e->shard].file.path, (unsigned long long)(at + got), strerror(errno));
+        if (r == 0) return k3_fail(err, "short read in shard %s at offset %llu (tensor '%s'): truncated shard?", ck->shards[e->shard].file.path, (unsigned long long)(at + got), e->name);
+        got += (size_t)r;
+    }
+    return 0;
+}
+
 const void *checkpoint_data(checkpoint *ck, const ckpt_entry *e, k3_error *err) {
     ckpt_shard *s = &ck->shards[e->shard];
     if (!s->map) {

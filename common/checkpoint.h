@@ -42,6 +42,9 @@ int checkpoint_open_filtered(const char *dir, int (*keep)(const char *name, void
 void checkpoint_close(checkpoint *ck);
 /* NULL if absent. */
 const ckpt_entry *checkpoint_find(const checkpoint *ck, const char *name);
+/* Reads len bytes at byte offset off inside tensor e into dst (buffered pread);
+ * a short read names the shard and offset. */
+int checkpoint_read(checkpoint *ck, const ckpt_entry *e, uint64_t off, void *dst, size_t len, k3_error *err);
 /* Pointer to the tensor's bytes (maps the shard on first use); NULL + err on failure. */
 const void *checkpoint_data(checkpoint *ck, const ckpt_entry *e, k3_error *err);
 /* The shard's path and an open read-only fd (for pread/O_DIRECT readers). */

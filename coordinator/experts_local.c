@@ -1,39 +1,43 @@
-/* experts_local.c - in-process expert computation (see experts_local.h). */
+/* experts_local.c - in-process expert computation through an expert cache (see experts_local.h). */
 #include "coordinator/experts_local.h"
-#include "workers/expert_batch.h"
+#include "workers/expert_cache.h"
 #include <stdlib.h>
 
 typedef struct {
     k3_model *m;
     const kernels *k;
+    expert_cache *cache;
 } local_impl;
-
-static int local_acquire(void *ctx, int layer, int expert, expert_weights *w, k3_error *err) {
-    local_impl *li = ctx;
-    const expert_loc *loc = expert_store_loc(&li->m->experts, layer, expert);
-    if (!loc) return k3_fail(err, "layer %d has no routed expert %d", layer, expert);
-    if (expert_weights_mapped(&li->m->experts, &li->m->ck, layer, expert, w, err)) return -1;
-    return expert_weights_check(w, loc, err);
-}
 
 static int local_run(expert_backend *b, int layer, const float *zlat, size_t ntok, const int32_t *pair_token,
                      const int32_t *pair_expert, size_t npairs, float *out, k3_error *err) {
     local_impl *li = b->impl;
-    expert_source src = {.acquire = local_acquire, .ctx = li};
+    expert_source src = expert_cache_source(li->cache);
     return expert_batch_run(li->k, &src, li->m->experts.L, li->m->experts.I, li->m->cfg.situ_beta,
                             li->m->cfg.situ_linear_beta, layer, zlat, ntok, pair_token, pair_expert, npairs, out, err);
 }
 
 static void local_destroy(expert_backend *b) {
-    free(b->impl);
+    local_impl *li = b->impl;
+    if (li) expert_cache_free(li->cache);
+    free(li);
     b->impl = NULL;
 }
 
-int experts_local_create(expert_backend *b, k3_model *m, const kernels *k, k3_error *err) {
-    local_impl *li = malloc(sizeof *li);
+int experts_local_create(expert_backend *b, k3_model *m, const kernels *k, uint64_t cache_bytes, k3_error *err) {
+    local_impl *li = calloc(1, sizeof *li);
     if (!li) return k3_fail(err, "out of memory");
     li->m = m;
     li->k = k;
+    if (!(li->cache = expert_cache_create(&m->experts, &m->ck, cache_bytes, -1, err))) { free(li); return -1; }
     *b = (expert_backend){local_run, local_destroy, li};
     return 0;
+}
+
+uint64_t experts_local_stats(const expert_backend *b, uint64_t *hits, uint64_t *misses) {
+    const local_impl *li = b->impl;
+    expert_cache_stats s = expert_cache_get_stats(li->cache);
+    *hits = s.hits;
+    *misses = s.misses;
+    return s.bytes_read;
 }

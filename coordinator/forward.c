@@ -65,8 +65,8 @@ int forward_chunk(engine *en, seq_state *st, const int32_t *tokens, size_t T, si
     for (int b = 0; b < maxb; b++)
         if (!(blocks[b] = malloc(T * E * sizeof(float)))) { k3_fail(err, "out of memory in forward"); goto out; }
 
-    for (size_t t = 0; t < T; t++) /* embedding rows */
-        for (size_t i = 0; i < E; i++) P[t * E + i] = dense_at(&m->embed, (size_t)tokens[t], i);
+    for (size_t t = 0; t < T; t++) /* embedding rows, read on demand */
+        if (trunk_embed_row(en->trunk, tokens[t], P + t * E, err)) goto out;
 
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const layer_weights *lw = &m->layers[l];
@@ -77,28 +77,46 @@ int forward_chunk(engine *en, seq_state *st, const int32_t *tokens, size_t T, si
             p_valid = 0;
         }
         for (size_t t = 0; t < T; t++) rmsnorm(xn + t * E, h + t * E, lw->input_norm, E, c->rms_norm_eps);
-        if (lw->is_mla ? mla_forward(k, c, &lw->mla, &st->mla[l], st->pos, xn, T, a, err)
-                       : kda_forward(k, c, &lw->kda, &st->kda[l], xn, T, a, err))
-            goto out;
+        if (trunk_acquire_unit(en->trunk, lw->attn_unit, err)) goto out;
+        int bad = lw->is_mla ? mla_forward(k, c, &lw->mla, &st->mla[l], st->pos, xn, T, a, err)
+                             : kda_forward(k, c, &lw->kda, &st->kda[l], xn, T, a, err);
+        trunk_release_unit(en->trunk, lw->attn_unit);
+        if (bad) goto out;
         if (p_valid) for (size_t i = 0; i < T * E; i++) P[i] += a[i];
         else memcpy(P, a, T * E * sizeof *P);
         p_valid = 1;
         mix_chunk(blocks, nb, P, 0, T, E, lw->mlp_res_w, c->rms_norm_eps, h);
         for (size_t t = 0; t < T; t++) rmsnorm(xn + t * E, h + t * E, lw->post_norm, E, c->rms_norm_eps);
-        if (lw->is_moe ? moe_forward(k, c, &lw->moe, l, en->experts, xn, T, a, trace, err)
-                       : mlp_forward(k, c, &lw->mlp, xn, T, a, err))
-            goto out;
+        if (trunk_acquire_unit(en->trunk, lw->ffn_unit, err)) goto out;
+        bad = lw->is_moe ? moe_forward(k, c, &lw->moe, l, en->experts, xn, T, a, trace, err)
+                         : mlp_forward(k, c, &lw->mlp, xn, T, a, err);
+        trunk_release_unit(en->trunk, lw->ffn_unit);
+        if (bad) goto out;
         if (trace && lw->is_moe)
             for (size_t t = 0; t < T; t++)
                 en->on_route(en->on_route_ctx, l, st->pos + t, trace + t * (size_t)c->num_experts_per_token,
                              c->num_experts_per_token);
         for (size_t i = 0; i < T * E; i++) P[i] += a[i];
     }
-    if (logits && logits_from < T) {
-        size_t n = T - logits_from;
+    size_t n = logits && logits_from < T ? T - logits_from : 0;
+    if (n) {
         mix_chunk(blocks, nb, P, logits_from, T, E, m->out_res_w, c->rms_norm_eps, h);
         for (size_t t = 0; t < n; t++) rmsnorm(xn + t * E, h + t * E, m->final_norm, E, c->rms_norm_eps);
-        matmul_dense(k, &m->lm_head, xn, n, logits);
+    }
+    /* the lm head in row chunks; walked even when no logits are wanted, so the
+     * trunk reader's fixed order holds */
+    for (int ch = 0; ch < trunk_lm_chunks(en->trunk); ch++) {
+        dense_weight w;
+        size_t row0;
+        if (trunk_acquire_lm(en->trunk, ch, &w, &row0, err)) goto out;
+        if (n) {
+            float *part = malloc(n * w.rows * sizeof *part);
+            if (!part) { trunk_release_lm(en->trunk, ch); k3_fail(err, "out of memory in the lm head"); goto out; }
+            matmul_dense(k, &w, xn, n, part);
+            for (size_t t = 0; t < n; t++) memcpy(logits + t * (size_t)c->vocab_size + row0, part + t * w.rows, w.rows * sizeof *part);
+            free(part);
+        }
+        trunk_release_lm(en->trunk, ch);
     }
     st->pos += T;
     rc = 0;

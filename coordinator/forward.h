@@ -11,9 +11,11 @@
 #include "coordinator/expert_backend.h"
 #include "coordinator/model.h"
 #include "coordinator/state.h"
+#include "coordinator/trunk.h"
 
 typedef struct {
     k3_model *model;
+    trunk *trunk;             /* where the trunk's bytes come from (pinned or streamed) */
     const kernels *k;
     expert_backend *experts;
     /* optional: expert selection trace callback (layer, position, ids[top_k]) */

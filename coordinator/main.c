@@ -12,6 +12,7 @@
 #include "common/kernels.h"
 #include "coordinator/experts_local.h"
 #include "coordinator/generate.h"
+#include "coordinator/plan.h"
 #include "coordinator/tokenize_cmd.h"
 #include "coordinator/tokenizer.h"
 #include "coordinator/workers_pool.h"
@@ -40,6 +41,11 @@ typedef struct {
     long workers, workers_per_node, worker_threads, timeout_ms, max_restarts;
     double cache_mb;
     int numa;
+    /* memory */
+    double mem_gb;              /* 0: not given */
+    const char *preset;
+    int list_presets, plan_only;
+    long max_context;
 } options;
 
 static void usage(FILE *f) {
@@ -60,6 +66,10 @@ static void usage(FILE *f) {
             "  --expert-cache-mb MB expert cache per server (default: all of its experts, at most 4096)\n"
             "  --worker-timeout-ms MS  restart a server that makes no progress this long (default 30000)\n"
             "  --max-restarts N     restarts allowed per server before the run fails (default 3)\n"
+            "  --mem-gb X           total memory budget in GiB for all processes (fractions allowed)\n"
+            "  --preset NAME        laptop|desktop|workstation|server|max|auto (default auto); --list-presets\n"
+            "  --plan-only          print the memory plan (config.json alone is enough) and exit\n"
+            "  --max-context N      positions the MLA cache is planned for (default: prompt + gen)\n"
             "  --dump-expert-trace FILE  write every routing decision (position, layer, top-k ids)\n"
             "  k3 --tok DIR --encode FILE [--no-special] | --decode FILE   tokenizer only\n"
             "exit status: 0 ok, 2 usage or refused model/input, 1 run-time failure\n");
@@ -118,7 +128,9 @@ static int parse_args(int argc, char **argv, options *o) {
         {"workers", required_argument, 0, 'W'},    {"workers-per-node", required_argument, 0, 'N'},
         {"numa", required_argument, 0, 'U'},       {"worker-threads", required_argument, 0, 'R'},
         {"expert-cache-mb", required_argument, 0, 'M'}, {"worker-timeout-ms", required_argument, 0, 'O'},
-        {"max-restarts", required_argument, 0, 'X'},  {"dump-expert-trace", required_argument, 0, 'A'},
+        {"max-restarts", required_argument, 0, 'X'},  {"mem-gb", required_argument, 0, 'G'},
+        {"preset", required_argument, 0, 'S'},     {"list-presets", no_argument, 0, 'Z'},
+        {"plan-only", no_argument, 0, 'Y'},        {"max-context", required_argument, 0, 'C'},  {"dump-expert-trace", required_argument, 0, 'A'},
         {"tok", required_argument, 0, 'k'},        {"encode", required_argument, 0, 'e'},
         {"decode", required_argument, 0, 'd'},     {"no-special", no_argument, 0, 'n'},
         {0, 0, 0, 0}};
@@ -169,6 +181,19 @@ static int parse_args(int argc, char **argv, options *o) {
             break;
         case 'k': o->tok_dir = optarg; break;
         case 'A': o->trace_path = optarg; break;
+        case 'S': o->preset = optarg; break;
+        case 'Z': o->list_presets = 1; return 0;
+        case 'Y': o->plan_only = 1; break;
+        case 'C': if (num_opt("--max-context", optarg, 1, 1L << 30, &o->max_context)) return -1; break;
+        case 'G': {
+            char *end;
+            o->mem_gb = strtod(optarg, &end);
+            if (end == optarg || *end || !(o->mem_gb > 0 && o->mem_gb < 1e7)) {
+                fprintf(stderr, "k3: --mem-gb wants a positive number of GiB, got '%s'\n", optarg);
+                return -1;
+            }
+            break;
+        }
         case 'e': o->encode_file = optarg; break;
         case 'd': o->decode_file = optarg; break;
         case 'n': o->no_special = 1; break;
@@ -188,6 +213,8 @@ static int parse_args(int argc, char **argv, options *o) {
     }
     if (optind != argc - 1) { fprintf(stderr, "k3: expected exactly one MODEL_DIR\n"); return -1; }
     o->model_dir = argv[optind];
+    if (o->mem_gb > 0 && o->preset) { fprintf(stderr, "k3: give --mem-gb or --preset, not both\n"); return -1; }
+    if (o->plan_only) return 0;
     int sources = !!o->ids_arg + !!o->prompt + !!o->prompt_file;
     if (sources != 1) { fprintf(stderr, "k3: give exactly one of --ids, --prompt, --prompt-file\n"); return -1; }
     return 0;
@@ -221,7 +248,9 @@ static int run(engine *en, const options *o, run_result *r, k3_error *err) {
     r->first_pos = o->teacher_force ? 0 : n - 1;
     size_t last_pos = N > 0 ? n + N - 2 : n - 1;
     r->n_rows = last_pos + 1 - r->first_pos;
-    r->rows = malloc(r->n_rows * V * sizeof *r->rows);
+    /* every row is kept only when it is asked for; else one row is reused */
+    int keep = o->logits_path || o->teacher_force;
+    r->rows = malloc((keep ? r->n_rows : 1) * V * sizeof *r->rows);
     if (!r->rows) { k3_fail(err, "out of memory for %zu rows of logits", r->n_rows); return EXIT_RUNTIME; }
     seq_state st;
     if (seq_state_init(&st, c, err)) return EXIT_RUNTIME;
@@ -235,11 +264,11 @@ static int run(engine *en, const options *o, run_result *r, k3_error *err) {
     t0 = now_s();
     for (size_t i = 0; i < (N > 0 ? N : 1); i++) {
         size_t pos = n - 1 + i; /* the position whose logits choose the next token */
-        float *row = r->rows + (pos - r->first_pos) * V;
+        float *row = r->rows + (keep ? (pos - r->first_pos) * V : 0);
         if (o->full_recompute) {
             seq_state_reset(&st, c);
             size_t want = (i == 0) ? r->first_pos : pos;
-            if (feed_tokens(en, &st, r->seq, pos + 1, (size_t)o->chunk, want, r->rows + (want - r->first_pos) * V, err)) goto out;
+            if (feed_tokens(en, &st, r->seq, pos + 1, (size_t)o->chunk, want, r->rows + (keep ? (want - r->first_pos) * V : 0), err)) goto out;
         } else if (i > 0) {
             if (feed_tokens(en, &st, r->seq + pos, 1, 1, pos, row, err)) goto out;
         }
@@ -306,6 +335,7 @@ static json_t *workers_json(const expert_backend *eb, int n_workers) {
         json_object_set_new(w, "direct_io", json_boolean(ws.direct_io));
         json_object_set_new(w, "ring_wait_s", json_real(ws.wait_s));
         json_object_set_new(w, "compute_s", json_real(ws.compute_s));
+        json_object_set_new(w, "peak_rss_bytes", json_integer((json_int_t)ws.peak_rss_bytes));
         json_array_append_new(a, w);
     }
     return a;
@@ -324,7 +354,51 @@ typedef struct {
     int threads, n_workers;
     const expert_backend *eb;
     const tokenizer *tok;
+    const mem_plan *plan;
+    trunk *trunk;
 } run_info;
+
+/* VmHWM (peak resident set) of a process, in bytes; 0 if unknown. */
+static uint64_t peak_rss_of(const char *status_path) {
+    FILE *f = fopen(status_path, "r");
+    char line[256];
+    unsigned long long kb = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
+    if (f) fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+static json_t *memory_json(const run_info *ri, const expert_backend *eb) {
+    json_t *j = json_object();
+    const mem_plan *p = ri->plan;
+    uint64_t self = peak_rss_of("/proc/self/status"), total = self, hits = 0, misses = 0, bytes = 0;
+    for (int i = 0; i < ri->n_workers; i++) {
+        worker_stats ws;
+        workers_pool_stats(eb, i, &ws);
+        total += ws.peak_rss_bytes;
+        hits += ws.hits;
+        misses += ws.misses;
+        bytes += ws.bytes_read;
+    }
+    if (ri->n_workers == 0) bytes = experts_local_stats(eb, &hits, &misses);
+    trunk_stats ts = trunk_get_stats(ri->trunk);
+    json_object_set_new(j, "budget_bytes", json_integer((json_int_t)p->budget));
+    json_object_set_new(j, "floor_bytes", json_integer((json_int_t)p->floor));
+    json_object_set_new(j, "planned_bytes", json_integer((json_int_t)p->total));
+    json_object_set_new(j, "peak_rss_coordinator_bytes", json_integer((json_int_t)self));
+    json_object_set_new(j, "peak_rss_total_bytes", json_integer((json_int_t)total));
+    json_object_set_new(j, "trunk_pinned_units", json_integer(ts.n_pinned));
+    json_object_set_new(j, "trunk_walk_units", json_integer(ts.n_walk));
+    json_object_set_new(j, "trunk_slots", json_integer(ts.n_slots));
+    json_object_set_new(j, "trunk_pinned_bytes", json_integer((json_int_t)ts.pinned_bytes));
+    json_object_set_new(j, "trunk_bytes_streamed", json_integer((json_int_t)ts.bytes_streamed));
+    json_object_set_new(j, "expert_cache_bytes_per_server", json_integer((json_int_t)p->expert_cache_per_worker));
+    json_object_set_new(j, "expert_hits", json_integer((json_int_t)hits));
+    json_object_set_new(j, "expert_misses", json_integer((json_int_t)misses));
+    json_object_set_new(j, "expert_bytes_read", json_integer((json_int_t)bytes));
+    return j;
+}
 
 static int write_outputs(const options *o, const run_result *r, const engine *en, const run_info *ri) {
     size_t V = (size_t)en->model->cfg.vocab_size;
@@ -378,6 +452,7 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)ru.ru_maxrss * 1024));
         json_object_set_new(j, "n_workers", json_integer(ri->n_workers));
         if (ri->n_workers > 0) json_object_set_new(j, "workers", workers_json(ri->eb, ri->n_workers));
+        json_object_set_new(j, "memory", memory_json(ri, ri->eb));
         int bad = json_dump_file(j, o->json_path, JSON_INDENT(1) | JSON_COMPACT);
         json_decref(j);
         if (bad) { fprintf(stderr, "k3: cannot write %s\n", o->json_path); free(text); return EXIT_RUNTIME; }
@@ -405,41 +480,75 @@ static int prompt_ids(const options *o, const tokenizer *tok, int32_t **ids, siz
     return EXIT_OK;
 }
 
-static int start_backend(const options *o, k3_model *m, const kernels *k, int threads, expert_backend *eb,
-                         int *n_workers, k3_error *err) {
-    long nw = o->workers;
-    if (nw < 0) {
-        int nodes = (o->numa && numa_available() >= 0) ? numa_num_configured_nodes() : 1;
-        nw = (long)(nodes > 0 ? nodes : 1) * o->workers_per_node;
-    }
-    *n_workers = (int)nw;
-    if (nw == 0) return experts_local_create(eb, m, k, err);
+static int workers_wanted(const options *o) {
+    if (o->workers >= 0) return (int)o->workers;
+    int nodes = (o->numa && numa_available() >= 0) ? numa_num_configured_nodes() : 1;
+    return (nodes > 0 ? nodes : 1) * (int)o->workers_per_node;
+}
+
+static int start_backend(const options *o, k3_model *m, const kernels *k, int threads, int nw, uint64_t cache_bytes,
+                         expert_backend *eb, k3_error *err) {
+    if (nw == 0) return experts_local_create(eb, m, k, cache_bytes, err);
     pool_options po = {0};
     char path[4096];
     if (workers_pool_default_path(path, sizeof path)) return k3_fail(err, "cannot locate k3-expertd");
-    po.n_workers = (int)nw;
+    po.n_workers = nw;
     po.numa = o->numa;
-    po.threads = o->worker_threads ? (int)o->worker_threads : (threads / (int)nw > 0 ? threads / (int)nw : 1);
+    po.threads = o->worker_threads ? (int)o->worker_threads : (threads / nw > 0 ? threads / nw : 1);
     po.timeout_ms = (int)o->timeout_ms;
     po.max_restarts = (int)o->max_restarts;
     po.max_tokens = (size_t)o->chunk;
     po.expertd_path = path;
     po.simd = k->name;
-    uint64_t per_worker_all = (m->experts.expert_bytes + 3 * 4096) *
-                              (((uint64_t)m->cfg.num_experts * (uint64_t)m->cfg.num_hidden_layers + (uint64_t)nw - 1) / (uint64_t)nw);
-    uint64_t cap = 4096ull << 20;
-    po.cache_bytes = o->cache_mb > 0 ? (uint64_t)(o->cache_mb * 1048576.0) : (per_worker_all < cap ? per_worker_all : cap);
+    po.cache_bytes = cache_bytes;
     return workers_pool_create(eb, m, &po, err);
+}
+
+/* The budget asked for: --mem-gb, --preset, or the auto preset. 0 = everything resident. */
+static int budget_bytes(const options *o, uint64_t *bytes) {
+    if (o->mem_gb > 0) { *bytes = (uint64_t)(o->mem_gb * 1024.0 * 1024.0 * 1024.0); return 0; }
+    const char *name = o->preset ? o->preset : "auto";
+    if (plan_preset_bytes(name, bytes) == 0) return 0;
+    fprintf(stderr, "k3: unknown --preset '%s' (see --list-presets)\n", name);
+    return -1;
+}
+
+static void list_presets(void) {
+    for (const mem_preset *p = plan_presets(); p->name; p++) {
+        uint64_t b = 0;
+        plan_preset_bytes(p->name, &b);
+        if (b) printf("%-12s %8.1f GiB  %s\n", p->name, b / (1024.0 * 1024.0 * 1024.0), p->what);
+        else printf("%-12s %12s  %s\n", p->name, "-", p->what);
+    }
+}
+
+/* --plan-only: the plan from config.json alone (no weights needed). */
+static int plan_only(const options *o) {
+    k3_config cfg;
+    k3_error err = {0};
+    uint64_t budget;
+    if (budget_bytes(o, &budget)) return EXIT_USAGE;
+    if (config_load(o->model_dir, &cfg, &err)) { fprintf(stderr, "k3: refusing model: %s\n", err.msg); return EXIT_USAGE; }
+    mem_plan plan;
+    size_t ctx = o->max_context ? (size_t)o->max_context : 4096;
+    int rc = plan_make(&plan, &cfg, NULL, budget, workers_wanted(o), (size_t)o->chunk, ctx, &err);
+    if (rc) fprintf(stderr, "k3: %s\n", err.msg);
+    else plan_print(&plan, &cfg, stdout);
+    plan_free(&plan);
+    config_free(&cfg);
+    return rc ? EXIT_USAGE : EXIT_OK;
 }
 
 int main(int argc, char **argv) {
     options o;
     if (parse_args(argc, argv, &o)) { usage(stderr); return EXIT_USAGE; }
     if (o.encode_file || o.decode_file) return tokenize_command(o.tok_dir, o.encode_file, o.decode_file, o.no_special);
+    if (o.list_presets) { list_presets(); return EXIT_OK; }
+    if (o.plan_only) return plan_only(&o);
     /* With expert servers the coordinator's cores sit idle while they compute;
      * libgomp reads its wait policy only at start-up, so restart once with
      * passive waiting (idle threads sleep instead of spinning on shared cores). */
-    if (o.workers != 0 && !getenv("OMP_WAIT_POLICY")) {
+    if (workers_wanted(&o) != 0 && !getenv("OMP_WAIT_POLICY")) {
         setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
         execv("/proc/self/exe", argv);
     }
@@ -451,6 +560,8 @@ int main(int argc, char **argv) {
     }
     if (o.threads) omp_set_num_threads((int)o.threads);
     run_info ri = {.threads = omp_get_max_threads()};
+    mem_plan plan = {0};
+    trunk *tr = NULL;
     tokenizer *tok = NULL;
     if (o.prompt || o.prompt_file || o.tok_dir) {
         char e[1024];
@@ -488,9 +599,25 @@ int main(int argc, char **argv) {
     status = EXIT_RUNTIME;
     if (!r.seq || !r.tf_pred) { fprintf(stderr, "k3: out of memory\n"); goto done; }
     memcpy(r.seq, prompt, n * sizeof *prompt);
-    if (start_backend(&o, &m, k, ri.threads, &eb, &ri.n_workers, &err)) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
+    uint64_t budget;
+    status = EXIT_USAGE;
+    if (budget_bytes(&o, &budget)) goto done;
+    ri.n_workers = workers_wanted(&o);
+    size_t ctx = o.max_context ? (size_t)o.max_context : n + (size_t)o.gen;
+    if (plan_make(&plan, &m.cfg, &m, budget, ri.n_workers, (size_t)o.chunk, ctx, &err)) {
+        fprintf(stderr, "k3: %s\n", err.msg);
+        goto done;
+    }
+    plan_print(&plan, &m.cfg, stderr);
+    status = EXIT_RUNTIME;
+    trunk_config tc = {plan.n_pinned, plan.n_slots, plan.lm_chunk_rows};
+    if (!(tr = trunk_create(&m, &tc, &err))) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
+    uint64_t cache_bytes = o.cache_mb > 0 ? (uint64_t)(o.cache_mb * 1048576.0) : plan.expert_cache_per_worker;
+    if (start_backend(&o, &m, k, ri.threads, ri.n_workers, cache_bytes, &eb, &err)) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
     ri.eb = &eb;
-    engine en = {.model = &m, .k = k, .experts = &eb};
+    ri.plan = &plan;
+    ri.trunk = tr;
+    engine en = {.model = &m, .trunk = tr, .k = k, .experts = &eb};
     FILE *trace = NULL;
     if (o.trace_path) {
         if (!(trace = fopen(o.trace_path, "w"))) { fprintf(stderr, "k3: cannot write %s\n", o.trace_path); goto done; }
@@ -505,6 +632,8 @@ int main(int argc, char **argv) {
     else status = write_outputs(&o, &r, &en, &ri);
 done:
     if (eb.destroy) eb.destroy(&eb);
+    trunk_free(tr);
+    plan_free(&plan);
     free(prompt);
     free(r.seq);
     free(r.tf_pred);

@@ -7,6 +7,7 @@
 
 typedef struct {
     k3_model *m;
+    trunk_unit *unit;    /* where big tensors are being collected, or NULL */
     const char *prefix;  /* "language_model.model." or "model." */
     k3_error *err;
     char name[512];
@@ -51,24 +52,40 @@ static int check_shape(loader *ld, const ckpt_entry *e, int ndim, const uint64_t
 
 static int get_dense_e(loader *ld, const ckpt_entry *e, size_t rows, size_t cols, dense_weight *w) {
     if (!e || check_float_dtype(ld, e) || check_shape(ld, e, 2, (uint64_t[]){rows, cols})) return -1;
-    const void *d = checkpoint_data(&ld->m->ck, e, ld->err);
-    if (!d) return -1;
-    *w = (dense_weight){e->t->dtype == ST_F32 ? DTYPE_F32 : DTYPE_BF16, rows, cols, d};
+    *w = (dense_weight){e->t->dtype == ST_F32 ? DTYPE_F32 : DTYPE_BF16, rows, cols, NULL};
+    trunk_unit *u = ld->unit;
+    if (u) {
+        if (u->n == UNIT_MAX_TENSORS) return k3_fail(ld->err, "internal: too many tensors in %s", u->label);
+        u->w[u->n] = w;
+        u->e[u->n] = e;
+        u->n++;
+        u->bytes += e->t->end - e->t->begin;
+    }
     return 0;
+}
+
+/* Starts collecting the big tensors of one layer part into a new unit. */
+static void begin_unit(loader *ld, int *index, const char *fmt, int layer) {
+    k3_model *m = ld->m;
+    *index = m->n_units++;
+    ld->unit = &m->units[*index];
+    snprintf(ld->unit->label, sizeof ld->unit->label, fmt, layer);
 }
 
 #define DENSE(ld, w, rows, cols, ...) get_dense_e(ld, find_tensor(ld, __VA_ARGS__), rows, cols, w)
 
-/* Copies the first `take` of `numel` values of a small F32/BF16 tensor to a new float array. */
+/* Reads the first `take` values of a small F32/BF16 tensor into a new float array. */
 static float *copy_floats(loader *ld, const ckpt_entry *e, size_t take) {
-    const void *d = checkpoint_data(&ld->m->ck, e, ld->err);
-    if (!d) return NULL;
+    size_t es = e->t->dtype == ST_F32 ? 4 : 2;
     float *out = malloc(take * sizeof *out);
-    if (!out) { k3_fail(ld->err, "out of memory"); return NULL; }
+    void *raw = malloc(take * es);
+    if (!out || !raw) { free(out); free(raw); k3_fail(ld->err, "out of memory"); return NULL; }
+    if (checkpoint_read(&ld->m->ck, e, 0, raw, take * es, ld->err)) { free(out); free(raw); return NULL; }
     for (size_t i = 0; i < take; i++) {
-        if (e->t->dtype == ST_F32) memcpy(&out[i], (const char *)d + 4 * i, 4);
-        else { uint16_t b; memcpy(&b, (const char *)d + 2 * i, 2); out[i] = bf16_to_f32(b); }
+        if (es == 4) memcpy(&out[i], (const char *)raw + 4 * i, 4);
+        else { uint16_t b; memcpy(&b, (const char *)raw + 2 * i, 2); out[i] = bf16_to_f32(b); }
     }
+    free(raw);
     return out;
 }
 
@@ -185,14 +202,15 @@ int model_load(const char *dir, k3_model *m, k3_error *err) {
         goto out;
     }
     if (DENSE(&ld, &m->embed, V, E, "embed_tokens.weight")) goto out;
-    if (get_dense_e(&ld, checkpoint_find(&m->ck, lm_name), V, E, &m->lm_head)) {
-        if (!checkpoint_find(&m->ck, lm_name)) k3_fail(err, "missing tensor '%s'", lm_name);
-        goto out;
-    }
+    m->embed_entry = checkpoint_find(&m->ck, ld.name);
+    m->lm_head_entry = checkpoint_find(&m->ck, lm_name);
+    if (!m->lm_head_entry) { k3_fail(err, "missing tensor '%s'", lm_name); goto out; }
+    if (get_dense_e(&ld, m->lm_head_entry, V, E, &m->lm_head)) goto out;
     if (!(m->final_norm = VEC(&ld, E, "norm.weight"))) goto out;
     if (!(m->out_res_w = get_attn_res(&ld, "output_attn_res_norm.weight", "output_attn_res_proj.weight", -1))) goto out;
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
-    if (!m->layers) { k3_fail(err, "out of memory"); goto out; }
+    m->units = calloc(2 * (size_t)c->num_hidden_layers, sizeof *m->units);
+    if (!m->layers || !m->units) { k3_fail(err, "out of memory"); goto out; }
     for (int l = 0; l < c->num_hidden_layers; l++) {
         layer_weights *lw = &m->layers[l];
         lw->is_mla = c->layer_is_mla[l];
@@ -202,9 +220,12 @@ int model_load(const char *dir, k3_model *m, k3_error *err) {
             !(lw->attn_res_w = get_attn_res(&ld, "self_attention_res_norm.weight", "self_attention_res_proj.weight", l)) ||
             !(lw->mlp_res_w = get_attn_res(&ld, "mlp_res_norm.weight", "mlp_res_proj.weight", l)))
             goto out;
+        begin_unit(&ld, &lw->attn_unit, lw->is_mla ? "layer %d MLA" : "layer %d KDA", l);
         if (lw->is_mla ? load_mla(&ld, &lw->mla, l) : load_kda(&ld, &lw->kda, l)) goto out;
+        begin_unit(&ld, &lw->ffn_unit, lw->is_moe ? "layer %d MoE" : "layer %d MLP", l);
         if (lw->is_moe ? load_moe(&ld, &lw->moe, l) : load_mlp(&ld, &lw->mlp, E, (size_t)c->intermediate_size, l, "mlp"))
             goto out;
+        ld.unit = NULL;
     }
     if (expert_store_open(&m->experts, &m->ck, c, NULL, NULL, err)) goto out;
     rc = 0;
@@ -225,6 +246,7 @@ void model_free(k3_model *m) {
     if (m->layers)
         for (int l = 0; l < m->cfg.num_hidden_layers; l++) free_layer(&m->layers[l]);
     free(m->layers);
+    free(m->units);
     free(m->final_norm);
     free(m->out_res_w);
     expert_store_free(&m->experts);

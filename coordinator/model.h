@@ -3,9 +3,13 @@
  * model_load opens the checkpoint, checks EVERY trunk tensor's dtype and shape
  * against the config (F32 or BF16 accepted for any unquantised tensor) and every
  * routed expert's six MXFP4 tensors (workers/expert_store.h), all before the
- * first matmul. Large matrices stay in the mapped shards (dense_weight points at
- * them); small vectors (norms, conv taps, biases, A_log) are copied to owned
- * float arrays; the AttnRes norm*proj pair is folded into one double vector. */
+ * first matmul. Nothing large is read here: every big matrix is recorded in a
+ * trunk_unit (the tensors of one layer's attention, or of its FFN) whose bytes
+ * the trunk streamer (trunk.h) reads into pinned memory or a streaming slot;
+ * a dense_weight's data pointer is NULL except while its unit is acquired.
+ * Small vectors (norms, conv taps, biases, A_log) are read into owned float
+ * arrays; the AttnRes norm*proj pair is folded into one double vector. The
+ * embedding and lm head are located only (rows read on demand / in chunks). */
 #ifndef K3_MODEL_H
 #define K3_MODEL_H
 
@@ -37,8 +41,20 @@ typedef struct {
     mlp_weights shared;              /* fused shared experts */
 } moe_weights;
 
+#define UNIT_MAX_TENSORS 8
+
+/* The big tensors of one layer part, read and released together. */
+typedef struct {
+    int n;
+    dense_weight *w[UNIT_MAX_TENSORS];   /* where each tensor's data pointer lives */
+    const ckpt_entry *e[UNIT_MAX_TENSORS];
+    uint64_t bytes;                      /* sum of the tensors' bytes */
+    char label[48];
+} trunk_unit;
+
 typedef struct {
     int is_mla, is_moe;
+    int attn_unit, ffn_unit;         /* indices into k3_model.units */
     double *attn_res_w, *mlp_res_w;  /* folded norm*proj, [E] */
     float *input_norm, *post_norm;   /* [E] */
     kda_weights kda;
@@ -51,7 +67,10 @@ typedef struct {
     k3_config cfg;
     checkpoint ck;
     expert_store experts;            /* locations of every routed expert */
-    dense_weight embed, lm_head;     /* [vocab, E] */
+    dense_weight embed, lm_head;     /* [vocab, E]; data NULL (see trunk.h) */
+    const ckpt_entry *embed_entry, *lm_head_entry;
+    trunk_unit *units;               /* attention and FFN of every layer, in walk order */
+    int n_units;
     float *final_norm;               /* [E] */
     double *out_res_w;               /* folded output_attn_res_norm*proj */
     layer_weights *layers;

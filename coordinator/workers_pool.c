@@ -323,6 +323,17 @@ void workers_pool_stats(const expert_backend *b, int i, worker_stats *out) {
     out->direct_io = w->direct_io;
     out->requests = w->requests;
     out->wait_s = w->wait_s;
+    out->peak_rss_bytes = 0;
+    if (w->pid > 0) {
+        char path[64], line[256];
+        unsigned long long kb = 0;
+        snprintf(path, sizeof path, "/proc/%d/status", (int)w->pid);
+        FILE *f = fopen(path, "r");
+        while (f && fgets(line, sizeof line, f))
+            if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
+        if (f) fclose(f);
+        out->peak_rss_bytes = (uint64_t)kb * 1024;
+    }
     if (w->rg.ctl) {
         out->hits += atomic_load(&w->rg.ctl->stat_hits);
         out->misses += atomic_load(&w->rg.ctl->stat_misses);

@@ -1,0 +1,213 @@
+/* plan.c - the memory plan (see plan.h). */
+#include "coordinator/plan.h"
+#include "coordinator/trunk.h"
+#include <stdlib.h>
+#include <string.h>
+
+#define PAGE 4096ull
+#define RU(x) (((x) + PAGE - 1) / PAGE * PAGE)
+#define GIB (1024.0 * 1024.0 * 1024.0)
+#define MIB (1024.0 * 1024.0)
+
+static const mem_preset PRESETS[] = {
+    {"laptop", 8, "8 GiB: a laptop; the trunk streams, few experts cached"},
+    {"desktop", 32, "32 GiB: most of the attention trunk pinned"},
+    {"workstation", 128, "128 GiB: the whole trunk pinned, a small expert cache"},
+    {"server", 512, "512 GiB: trunk pinned, a third of the experts cached"},
+    {"max", 0, "everything resident (the budget is what that needs)"},
+    {"auto", -1, "85 % of MemAvailable"},
+    {NULL, 0, NULL},
+};
+
+const mem_preset *plan_presets(void) { return PRESETS; }
+
+int plan_preset_bytes(const char *name, uint64_t *bytes) {
+    for (const mem_preset *p = PRESETS; p->name; p++) {
+        if (strcmp(p->name, name)) continue;
+        if (p->gib > 0) { *bytes = (uint64_t)(p->gib * GIB); return 0; }
+        if (p->gib == 0) { *bytes = 0; return 0; }
+        FILE *f = fopen("/proc/meminfo", "r");
+        char line[256];
+        unsigned long long kb = 0;
+        while (f && fgets(line, sizeof line, f))
+            if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+        if (f) fclose(f);
+        if (!kb) return -1;
+        *bytes = (uint64_t)((double)kb * 1024.0 * 0.85);
+        return 0;
+    }
+    return -1;
+}
+
+static uint64_t expert_bytes_of(const k3_config *c) {
+    uint64_t I = (uint64_t)c->moe_intermediate_size, L = (uint64_t)c->routed_expert_hidden_size;
+    return 3 * (I * (L / 2) + I * (L / 32)); /* w1, w3: [I, L]; w2: [L, I] (same byte count) */
+}
+
+/* Unit sizes from the config alone: BF16 trunk, each tensor with its alignment room. */
+static int config_walk(const k3_config *c, mem_plan *p, k3_error *err) {
+    uint64_t E = (uint64_t)c->hidden_size, H = (uint64_t)c->kda_num_heads, D = (uint64_t)c->kda_head_dim, P = H * D;
+    uint64_t Hm = (uint64_t)c->num_attention_heads, qr = (uint64_t)c->q_lora_rank, kr = (uint64_t)c->kv_lora_rank;
+    uint64_t n = (uint64_t)c->qk_nope_head_dim, r = (uint64_t)c->qk_rope_head_dim, v = (uint64_t)c->v_head_dim;
+    uint64_t N = (uint64_t)c->num_experts, L = (uint64_t)c->routed_expert_hidden_size;
+    uint64_t Ish = (uint64_t)c->moe_intermediate_size * (uint64_t)c->num_shared_experts, Id = (uint64_t)c->intermediate_size;
+    uint64_t room = 3 * PAGE;
+    int layers = c->num_hidden_layers;
+    uint64_t mx = 0;
+    uint64_t *units = malloc(2 * (size_t)layers * sizeof *units);
+    if (!units) return k3_fail(err, "out of memory");
+    for (int l = 0; l < layers; l++) {
+        uint64_t a = c->layer_is_mla[l]
+                         ? 2 * (qr * E + Hm * (n + r) * qr + (kr + r) * E + Hm * (n + v) * kr + (c->mla_use_output_gate ? Hm * v * E : 0) + E * Hm * v) + 6 * room
+                         : 2 * (5 * P * E + D * E + P * D + H * E) + 8 * room;
+        uint64_t f = c->layer_is_moe[l] ? 2 * (N * E + 2 * L * E + 3 * Ish * E) + 6 * room : 2 * 3 * Id * E + 3 * room;
+        units[2 * l] = a;
+        units[2 * l + 1] = f;
+        if (a > mx) mx = a;
+        if (f > mx) mx = f;
+    }
+    uint64_t V = (uint64_t)c->vocab_size, row = 2 * E;
+    p->lm_chunk_rows = (size_t)(mx / row ? mx / row : 1);
+    if (p->lm_chunk_rows > V) p->lm_chunk_rows = (size_t)V;
+    uint64_t n_lm = (V + p->lm_chunk_rows - 1) / p->lm_chunk_rows;
+    p->n_walk = 2 * layers + (int)n_lm;
+    p->walk_bytes = malloc((size_t)p->n_walk * sizeof *p->walk_bytes);
+    if (!p->walk_bytes) { free(units); return k3_fail(err, "out of memory"); }
+    memcpy(p->walk_bytes, units, 2 * (size_t)layers * sizeof *units);
+    free(units);
+    for (uint64_t i = 0; i < n_lm; i++) {
+        uint64_t rows = V - i * p->lm_chunk_rows < p->lm_chunk_rows ? V - i * p->lm_chunk_rows : p->lm_chunk_rows;
+        p->walk_bytes[2 * layers + i] = RU(rows * row + 2 * PAGE);
+    }
+    return 0;
+}
+
+static int model_walk(const k3_model *m, mem_plan *p, k3_error *err) {
+    uint64_t mx = 0;
+    for (int i = 0; i < m->n_units; i++) {
+        uint64_t b = trunk_walk_unit_bytes(m, 1, i);
+        if (b > mx) mx = b;
+    }
+    uint64_t row = (uint64_t)m->cfg.hidden_size * (m->lm_head.dtype == DTYPE_F32 ? 4 : 2);
+    size_t V = (size_t)m->cfg.vocab_size;
+    p->lm_chunk_rows = (size_t)(mx / row ? mx / row : 1);
+    if (p->lm_chunk_rows > V) p->lm_chunk_rows = V;
+    p->n_walk = trunk_walk_units(m, p->lm_chunk_rows);
+    p->walk_bytes = malloc((size_t)p->n_walk * sizeof *p->walk_bytes);
+    if (!p->walk_bytes) return k3_fail(err, "out of memory");
+    for (int i = 0; i < p->n_walk; i++) p->walk_bytes[i] = trunk_walk_unit_bytes(m, p->lm_chunk_rows, i);
+    return 0;
+}
+
+int plan_make(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t budget, int W, size_t T, size_t ctx,
+              k3_error *err) {
+    memset(p, 0, sizeof *p);
+    p->budget = budget;
+    p->n_workers = W;
+    p->chunk = T;
+    p->max_context = ctx;
+    if (m ? model_walk(m, p, err) : config_walk(c, p, err)) return -1;
+    uint64_t E = (uint64_t)c->hidden_size, H = (uint64_t)c->kda_num_heads, D = (uint64_t)c->kda_head_dim, P = H * D;
+    uint64_t K = (uint64_t)c->short_conv_kernel_size, N = (uint64_t)c->num_experts, k = (uint64_t)c->num_experts_per_token;
+    uint64_t L = (uint64_t)c->routed_expert_hidden_size, I = (uint64_t)c->moe_intermediate_size;
+    uint64_t Ish = I * (uint64_t)c->num_shared_experts, Id = (uint64_t)c->intermediate_size, V = (uint64_t)c->vocab_size;
+    uint64_t Hm = (uint64_t)c->num_attention_heads, qr = (uint64_t)c->q_lora_rank, kr = (uint64_t)c->kv_lora_rank;
+    uint64_t rope = (uint64_t)c->qk_rope_head_dim, qh = (uint64_t)c->qk_nope_head_dim + rope, vd = (uint64_t)c->v_head_dim;
+    uint64_t layers = (uint64_t)c->num_hidden_layers, n_mla = 0, n_moe = 0, Tn = (uint64_t)T;
+    for (int l = 0; l < c->num_hidden_layers; l++) { n_mla += c->layer_is_mla[l]; n_moe += c->layer_is_moe[l]; }
+    uint64_t n_kda = layers - n_mla;
+    /* the tensor index (names, shapes) held by every process; ~300 B per tensor while parsing */
+    uint64_t n_tensors = layers * 40 + n_moe * N * 6;
+    p->process_bytes = PLAN_PROCESS_BYTES + n_tensors * 300;
+    p->small_bytes = layers * (2 * E * 4 + 2 * E * 8) + n_kda * (3 * P * K + P + H + D) * 4 + n_mla * (qr + kr) * 4 +
+                     n_moe * (N + L) * 4 + E * 12 + layers * N * 80;
+    uint64_t cap = 64;
+    while (cap < ctx) cap *= 2;
+    p->state_bytes = n_kda * (H * D * D + 3 * (K - 1) * P) * 4 + n_mla * cap * (kr + rope) * 4;
+    uint64_t maxb = (uint64_t)config_max_blocks(c);
+    uint64_t fwd = Tn * E * 4 * (4 + maxb);
+    uint64_t kda = Tn * 4 * (7 * P + D + H) + (K - 1 + Tn) * P * 4;
+    uint64_t mla = Tn * 4 * (qr + Hm * qh + kr + rope + 2 * Hm * vd) + 64 * (2 * kr + cap) * 8;
+    uint64_t moe = Tn * 4 * (N + 2 * L + k * L + E + 2 * Ish) + Tn * k * 24 + (W == 0 ? Tn * k * 4 * (2 * L + 2 * I) : 0);
+    uint64_t mlp = Tn * 4 * 2 * Id;
+    uint64_t lm = Tn * V * 4 * 2 + Tn * p->lm_chunk_rows * 4;
+    p->scratch_bytes = fwd + (kda > mla ? kda : mla) + (moe > mlp ? moe : mlp) + lm;
+    uint64_t pairs = Tn * k;
+    uint64_t ring_one = 2 * (RU(256 + 12 * pairs) + RU(Tn * L * 4) + RU(pairs * L * 4) + 256) + PAGE;
+    p->ring_bytes = W ? (uint64_t)W * ring_one * 2 : 0; /* mapped by both sides: counted twice */
+    p->worker_scratch_bytes = W ? (uint64_t)W * (pairs * 4 * (2 * L + 2 * I) + pairs * 16 + Tn * L * 4) : 0;
+    p->expert_slot_bytes = RU(expert_bytes_of(c) + 2 * PAGE + PAGE - 1);
+    p->n_experts_total = n_moe * N;
+    p->slot_bytes = 0;
+    for (int i = 0; i < p->n_walk; i++) {
+        p->walk_total += p->walk_bytes[i];
+        if (p->walk_bytes[i] > p->slot_bytes) p->slot_bytes = p->walk_bytes[i];
+    }
+    uint64_t servers = W ? (uint64_t)W : 1;
+    uint64_t fixed = (1 + (uint64_t)W) * p->process_bytes + p->small_bytes + p->state_bytes + p->scratch_bytes +
+                     p->ring_bytes + p->worker_scratch_bytes;
+    p->floor = fixed + PLAN_MIN_SLOTS * p->slot_bytes + servers * p->expert_slot_bytes;
+    uint64_t per_server_all = ((p->n_experts_total + servers - 1) / servers) * p->expert_slot_bytes;
+    if (budget == 0) { /* everything resident */
+        p->n_pinned = p->n_walk;
+        p->pinned_bytes = p->walk_total;
+        p->n_slots = 0;
+        p->expert_cache_per_worker = per_server_all;
+        p->total = fixed + p->walk_total + servers * per_server_all;
+        return 0;
+    }
+    if (budget < p->floor)
+        return k3_fail(err, "a budget of %.3f GiB is below this model's floor of %.3f GiB (%llu bytes)", budget / GIB,
+                       p->floor / GIB, (unsigned long long)p->floor);
+    uint64_t extra = budget - p->floor;
+    p->n_slots = PLAN_MIN_SLOTS;
+    if (p->walk_total <= extra + PLAN_MIN_SLOTS * p->slot_bytes) { /* the whole walk fits: no slots at all */
+        extra = extra + PLAN_MIN_SLOTS * p->slot_bytes - p->walk_total;
+        p->n_pinned = p->n_walk;
+        p->pinned_bytes = p->walk_total;
+        p->n_slots = 0;
+    } else {
+        while (p->n_pinned < p->n_walk && p->walk_bytes[p->n_pinned] <= extra) {
+            extra -= p->walk_bytes[p->n_pinned];
+            p->pinned_bytes += p->walk_bytes[p->n_pinned];
+            p->n_pinned++;
+        }
+    }
+    uint64_t cache = p->expert_slot_bytes + extra / servers / p->expert_slot_bytes * p->expert_slot_bytes;
+    p->expert_cache_per_worker = cache < per_server_all ? cache : per_server_all;
+    p->total = fixed + p->pinned_bytes + (uint64_t)p->n_slots * p->slot_bytes + servers * p->expert_cache_per_worker;
+    return 0;
+}
+
+void plan_free(mem_plan *p) {
+    free(p->walk_bytes);
+    p->walk_bytes = NULL;
+}
+
+void plan_print(const mem_plan *p, const k3_config *c, FILE *f) {
+    uint64_t servers = p->n_workers ? (uint64_t)p->n_workers : 1;
+    fprintf(f, "memory plan (%s, %d layers, %d experts/layer, %d expert server%s%s):\n",
+            p->budget ? "budget" : "everything resident", c->num_hidden_layers, c->num_experts, p->n_workers,
+            p->n_workers == 1 ? "" : "s", p->n_workers ? "" : " = in-process");
+    if (p->budget) fprintf(f, "  budget                 %12.3f GiB\n", p->budget / GIB);
+    fprintf(f, "  processes              %12.1f MiB  (%d x %.1f MiB: code, index, slack)\n",
+            (1 + p->n_workers) * p->process_bytes / MIB, 1 + p->n_workers, p->process_bytes / MIB);
+    fprintf(f, "  small vectors          %12.1f MiB  (norms, biases, conv taps, folded AttnRes)\n", p->small_bytes / MIB);
+    fprintf(f, "  sequence state         %12.1f MiB  (KDA state + MLA latent cache for %zu positions)\n",
+            p->state_bytes / MIB, p->max_context);
+    fprintf(f, "  scratch                %12.1f MiB  (activations of a %zu-token chunk)\n", p->scratch_bytes / MIB, p->chunk);
+    if (p->n_workers)
+        fprintf(f, "  rings + server scratch %12.1f MiB\n", (p->ring_bytes + p->worker_scratch_bytes) / MIB);
+    fprintf(f, "  trunk pinned           %12.1f MiB  (%d of %d walk units, %.1f MiB in all)\n", p->pinned_bytes / MIB,
+            p->n_pinned, p->n_walk, p->walk_total / MIB);
+    fprintf(f, "  trunk streaming        %12.1f MiB  (%d slots x %.1f MiB; lm head in chunks of %zu rows)\n",
+            p->n_slots * p->slot_bytes / MIB, p->n_slots, p->slot_bytes / MIB, p->lm_chunk_rows);
+    fprintf(f, "  expert cache           %12.1f MiB  (%llu x %.1f MiB = %llu experts of %.2f MiB per server; %llu experts in all)\n",
+            servers * p->expert_cache_per_worker / MIB, (unsigned long long)servers, p->expert_cache_per_worker / MIB,
+            (unsigned long long)(p->expert_cache_per_worker / p->expert_slot_bytes), p->expert_slot_bytes / MIB,
+            (unsigned long long)p->n_experts_total);
+    fprintf(f, "  MLA cache layout       compressed latent: %d floats per MLA layer per position\n",
+            c->kv_lora_rank + c->qk_rope_head_dim);
+    fprintf(f, "  floor                  %12.3f GiB\n", p->floor / GIB);
+    fprintf(f, "  total                  %12.3f GiB\n", p->total / GIB);
+}

@@ -1,0 +1,54 @@
+/* plan.h - one memory budget for all processes, and what it buys.
+ *
+ * plan_make splits a total byte budget (coordinator + every expert server) into:
+ * a per-process allowance, small resident vectors, sequence state (KDA state,
+ * MLA latent cache for max_context positions), per-chunk scratch, the shared
+ * rings (counted once per process that maps them), at least two trunk streaming
+ * slots, and at least one expert slot per server; that sum is the FLOOR, and a
+ * budget below it is refused with the floor in the message. What is left pins a
+ * prefix of the trunk walk (every pinned byte saves a read per token), then goes
+ * to the expert caches. Sizes come from the loaded checkpoint's tensors, or from
+ * the config alone (BF16 trunk, MXFP4 experts) for --plan-only. The same ids come
+ * out at every budget: the plan changes only what is resident. */
+#ifndef K3_PLAN_H
+#define K3_PLAN_H
+
+#include "common/config.h"
+#include "coordinator/model.h"
+#include <stdio.h>
+
+#define PLAN_PROCESS_BYTES (16ull << 20) /* code, libraries, stacks, allocator slack per process */
+#define PLAN_MIN_SLOTS 2
+
+typedef struct {
+    /* inputs */
+    uint64_t budget;            /* 0 = everything resident */
+    int n_workers;              /* 0 = experts in-process */
+    size_t chunk, max_context;
+    /* sizes of the walk: per unit bytes (layer parts, then lm chunks) */
+    int n_walk;
+    uint64_t *walk_bytes;
+    size_t lm_chunk_rows;
+    uint64_t slot_bytes;
+    uint64_t expert_slot_bytes, n_experts_total;
+    /* outputs */
+    uint64_t process_bytes, small_bytes, state_bytes, scratch_bytes, ring_bytes, worker_scratch_bytes;
+    int n_slots, n_pinned;
+    uint64_t pinned_bytes, walk_total;
+    uint64_t expert_cache_per_worker;   /* per server, or the in-process cache */
+    uint64_t floor, total;
+} mem_plan;
+
+/* From a loaded model (real tensor sizes) or, with m == NULL, from cfg alone. */
+int plan_make(mem_plan *p, const k3_config *cfg, const k3_model *m, uint64_t budget, int n_workers, size_t chunk,
+              size_t max_context, k3_error *err);
+void plan_free(mem_plan *p);
+void plan_print(const mem_plan *p, const k3_config *cfg, FILE *f);
+
+typedef struct { const char *name; double gib; const char *what; } mem_preset;
+/* NULL-terminated list; "max" (gib 0) = everything resident, "auto" = 85 % of MemAvailable. */
+const mem_preset *plan_presets(void);
+/* Budget in bytes for a preset name; -1 if unknown. "max" gives 0 (unlimited). */
+int plan_preset_bytes(const char *name, uint64_t *bytes);
+
+#endif

@@ -1,0 +1,341 @@
+/* trunk.c - pinned prefix + streaming slots for the dense trunk (see trunk.h). */
+#define _GNU_SOURCE
+#include "coordinator/trunk.h"
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define IO_ALIGN 4096u
+#define ROUND_UP(x) (((x) + IO_ALIGN - 1) / IO_ALIGN * IO_ALIGN)
+
+/* bytes a tensor (or part of one) of n bytes needs in a buffer: room for the aligned window */
+static uint64_t region_bytes(uint64_t n) { return ROUND_UP(n + 2 * IO_ALIGN); }
+
+typedef struct {
+    uint8_t *buf;
+    const void *data[UNIT_MAX_TENSORS];
+} unit_buffer;
+
+struct trunk {
+    k3_model *m;
+    int n_layer_units, n_lm, n_walk, n_pinned, n_slots;
+    size_t lm_rows;
+    uint64_t slot_bytes, pinned_bytes;
+    unit_buffer *pinned;      /* [n_pinned] */
+    unit_buffer *slots;       /* [n_slots] */
+    int *direct_fd;           /* per shard: -1 unopened, -2 refused */
+    int direct_ok, warned;
+    /* streaming state */
+    pthread_t reader;
+    int reader_running;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t filled, consumed, released, bytes_streamed;
+    int stop, reader_failed;
+    k3_error reader_err;
+};
+
+int trunk_walk_units(const k3_model *m, size_t lm_rows) {
+    size_t V = (size_t)m->cfg.vocab_size;
+    return m->n_units + (int)((V + lm_rows - 1) / lm_rows);
+}
+
+static size_t lm_elsize(const k3_model *m) { return m->lm_head.dtype == DTYPE_F32 ? 4 : 2; }
+
+/* Buffer bytes walk unit i needs (tensor regions with alignment room). */
+static uint64_t walk_buffer_bytes(const k3_model *m, size_t lm_rows, int i) {
+    if (i < m->n_units) {
+        uint64_t b = 0;
+        for (int j = 0; j < m->units[i].n; j++) b += region_bytes(m->units[i].e[j]->t->end - m->units[i].e[j]->t->begin);
+        return b;
+    }
+    size_t V = (size_t)m->cfg.vocab_size, c = (size_t)(i - m->n_units), r0 = c * lm_rows;
+    size_t rows = V - r0 < lm_rows ? V - r0 : lm_rows;
+    return region_bytes((uint64_t)rows * (uint64_t)m->cfg.hidden_size * lm_elsize(m));
+}
+
+uint64_t trunk_walk_unit_bytes(const k3_model *m, size_t lm_rows, int i) { return walk_buffer_bytes(m, lm_rows, i); }
+
+uint64_t trunk_slot_bytes(const k3_model *m, size_t lm_rows) {
+    uint64_t mx = 0;
+    int n = trunk_walk_units(m, lm_rows);
+    for (int i = 0; i < n; i++) {
+        uint64_t b = walk_buffer_bytes(m, lm_rows, i);
+        if (b > mx) mx = b;
+    }
+    return mx;
+}
+
+static int direct_fd(trunk *t, int shard) {
+    if (t->direct_fd[shard] == -1) {
+        int fd = open(t->m->ck.shards[shard].file.path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+        t->direct_fd[shard] = fd >= 0 ? fd : -2;
+    }
+    return t->direct_fd[shard];
+}
+
+/* Reads bytes [off, off+len) of tensor e into region dst; *data gets where they start. */
+static int read_region(trunk *t, const ckpt_entry *e, uint64_t off, uint64_t len, uint8_t *dst, const void **data,
+                       k3_error *err) {
+    checkpoint *ck = &t->m->ck;
+    uint64_t b = e->t->begin + off, end = b + len;
+    int fd = t->direct_ok ? t->direct_fd[e->shard] : -2;
+    if (fd >= 0) {
+        uint64_t a0 = b / IO_ALIGN * IO_ALIGN, a1 = ROUND_UP(end), got = 0;
+        while (got < a1 - a0) {
+            ssize_t r = pread(fd, dst + got, a1 - a0 - got, (off_t)(a0 + got));
+            if (r < 0 && errno == EINTR) continue;
+            if (r < 0 && errno == EINVAL) { fd = -2; break; } /* alignment refused: buffered below */
+            if (r < 0)
+                return k3_fail(err, "read error in shard %s at offset %llu: %s", ck->shards[e->shard].file.path,
+                               (unsigned long long)(a0 + got), strerror(errno));
+            if (r == 0) break;
+            got += (uint64_t)r;
+        }
+        if (fd >= 0) {
+            if (a0 + got < end)
+                return k3_fail(err, "short read in shard %s at offset %llu (tensor '%s'): truncated shard?",
+                               ck->shards[e->shard].file.path, (unsigned long long)(a0 + got), e->name);
+            *data = dst + (b - a0);
+            return 0;
+        }
+    }
+    if (checkpoint_read(ck, e, off, dst, len, err)) return -1;
+    *data = dst;
+    return 0;
+}
+
+/* Reads walk unit i into ub (its buffer sized by walk_buffer_bytes). */
+static int read_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
+    const k3_model *m = t->m;
+    uint64_t at = 0;
+    if (i < m->n_units) {
+        const trunk_unit *u = &m->units[i];
+        for (int j = 0; j < u->n; j++) {
+            uint64_t n = u->e[j]->t->end - u->e[j]->t->begin;
+            if (read_region(t, u->e[j], 0, n, ub->buf + at, &ub->data[j], err)) return -1;
+            at += region_bytes(n);
+        }
+        return 0;
+    }
+    size_t V = (size_t)m->cfg.vocab_size, r0 = (size_t)(i - m->n_units) * t->lm_rows;
+    size_t rows = V - r0 < t->lm_rows ? V - r0 : t->lm_rows, row_bytes = (size_t)m->cfg.hidden_size * lm_elsize(m);
+    return read_region(t, m->lm_head_entry, (uint64_t)r0 * row_bytes, (uint64_t)rows * row_bytes, ub->buf, &ub->data[0], err);
+}
+
+/* Bytes of the checkpoint that walk unit i covers (what a read of it costs). */
+static uint64_t walk_tensor_bytes(const trunk *t, int i) {
+    const k3_model *m = t->m;
+    if (i < m->n_units) return m->units[i].bytes;
+    size_t V = (size_t)m->cfg.vocab_size, r0 = (size_t)(i - m->n_units) * t->lm_rows;
+    size_t rows = V - r0 < t->lm_rows ? V - r0 : t->lm_rows;
+    return (uint64_t)rows * (uint64_t)m->cfg.hidden_size * lm_elsize(m);
+}
+
+static void *reader_main(void *arg) {
+    trunk *t = arg;
+    int n_stream = t->n_walk - t->n_pinned;
+    for (uint64_t r = 0;; r++) {
+        pthread_mutex_lock(&t->mu);
+        while (!t->stop && r >= t->released + (uint64_t)t->n_slots) pthread_cond_wait(&t->cv, &t->mu);
+        int stop = t->stop;
+        pthread_mutex_unlock(&t->mu);
+        if (stop) break;
+        int unit = t->n_pinned + (int)(r % (uint64_t)n_stream);
+        k3_error e = {0};
+        int rc = read_walk_unit(t, unit, &t->slots[r % (uint64_t)t->n_slots], &e);
+        pthread_mutex_lock(&t->mu);
+        if (rc) {
+            t->reader_failed = 1;
+            t->reader_err = e;
+        } else {
+            t->filled = r + 1;
+            t->bytes_streamed += walk_tensor_bytes(t, unit);
+        }
+        pthread_cond_broadcast(&t->cv);
+        pthread_mutex_unlock(&t->mu);
+        if (rc) break;
+    }
+    return NULL;
+}
+
+static uint8_t *alloc_aligned(uint64_t n) {
+    void *p = NULL;
+    return posix_memalign(&p, IO_ALIGN, n ? n : IO_ALIGN) == 0 ? p : NULL;
+}
+
+trunk *trunk_create(k3_model *m, const trunk_config *tc, k3_error *err) {
+    trunk *t = calloc(1, sizeof *t);
+    if (!t) { k3_fail(err, "out of memory"); return NULL; }
+    t->m = m;
+    t->lm_rows = tc->lm_chunk_rows ? tc->lm_chunk_rows : (size_t)m->cfg.vocab_size;
+    t->n_layer_units = m->n_units;
+    t->n_walk = trunk_walk_units(m, t->lm_rows);
+    t->n_lm = t->n_walk - m->n_units;
+    t->n_pinned = tc->n_pinned_units < t->n_walk ? tc->n_pinned_units : t->n_walk;
+    t->n_slots = t->n_pinned == t->n_walk ? 0 : tc->n_slots;
+    t->direct_ok = 1;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->cv, NULL);
+    if (t->n_pinned < t->n_walk && t->n_slots < 2) {
+        trunk_free(t);
+        k3_fail(err, "trunk streaming needs at least 2 slots (a single slot would be overwritten while in use)");
+        return NULL;
+    }
+    t->direct_fd = malloc((size_t)m->ck.n_shards * sizeof *t->direct_fd);
+    t->pinned = calloc((size_t)t->n_pinned + 1, sizeof *t->pinned);
+    t->slots = calloc((size_t)t->n_slots + 1, sizeof *t->slots);
+    if (!t->direct_fd || !t->pinned || !t->slots) { trunk_free(t); k3_fail(err, "out of memory"); return NULL; }
+    for (int s = 0; s < m->ck.n_shards; s++) {
+        t->direct_fd[s] = -1;
+        if (direct_fd(t, s) == -2 && t->direct_ok) {
+            t->direct_ok = 0;
+            fprintf(stderr, "k3: O_DIRECT refused for %s; trunk reads are buffered\n", m->ck.shards[s].file.path);
+        }
+    }
+    int tty = isatty(2);
+    for (int i = 0; i < t->n_pinned; i++) {
+        uint64_t n = walk_buffer_bytes(m, t->lm_rows, i);
+        if (!(t->pinned[i].buf = alloc_aligned(n))) {
+            trunk_free(t);
+            k3_fail(err, "cannot allocate %llu bytes for pinned trunk unit %d", (unsigned long long)n, i);
+            return NULL;
+        }
+        t->pinned_bytes += n;
+        if (read_walk_unit(t, i, &t->pinned[i], err)) { trunk_free(t); return NULL; }
+        if (tty) fprintf(stderr, "\rk3: pinning trunk %d/%d", i + 1, t->n_pinned);
+    }
+    if (tty && t->n_pinned) fprintf(stderr, "\n");
+    t->slot_bytes = trunk_slot_bytes(m, t->lm_rows);
+    for (int s = 0; s < t->n_slots; s++)
+        if (!(t->slots[s].buf = alloc_aligned(t->slot_bytes))) {
+            trunk_free(t);
+            k3_fail(err, "cannot allocate a %llu-byte streaming slot", (unsigned long long)t->slot_bytes);
+            return NULL;
+        }
+    if (t->n_slots) {
+        if (pthread_create(&t->reader, NULL, reader_main, t) != 0) { trunk_free(t); k3_fail(err, "cannot start the trunk reader"); return NULL; }
+        t->reader_running = 1;
+    }
+    return t;
+}
+
+void trunk_free(trunk *t) {
+    if (!t) return;
+    if (t->reader_running) {
+        pthread_mutex_lock(&t->mu);
+        t->stop = 1;
+        pthread_cond_broadcast(&t->cv);
+        pthread_mutex_unlock(&t->mu);
+        pthread_join(t->reader, NULL);
+    }
+    for (int i = 0; t->pinned && i < t->n_pinned; i++) free(t->pinned[i].buf);
+    for (int s = 0; t->slots && s < t->n_slots; s++) free(t->slots[s].buf);
+    if (t->direct_fd)
+        for (int s = 0; s < t->m->ck.n_shards; s++)
+            if (t->direct_fd[s] >= 0) close(t->direct_fd[s]);
+    free(t->pinned);
+    free(t->slots);
+    free(t->direct_fd);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->cv);
+    free(t);
+}
+
+static const char *walk_label(const trunk *t, int i, char *buf, size_t len) {
+    if (i < t->m->n_units) return t->m->units[i].label;
+    snprintf(buf, len, "lm head chunk %d", i - t->m->n_units);
+    return buf;
+}
+
+/* Data pointers of walk unit i: pinned buffer or the slot the reader filled. */
+static const unit_buffer *acquire_walk(trunk *t, int i, k3_error *err) {
+    if (i < t->n_pinned) return &t->pinned[i];
+    int n_stream = t->n_walk - t->n_pinned;
+    uint64_t k = t->consumed;
+    int expect = t->n_pinned + (int)(k % (uint64_t)n_stream);
+    if (i != expect) {
+        char a[48], b[48];
+        k3_fail(err, "trunk walk out of order: asked for %s, the reader holds %s", walk_label(t, i, a, sizeof a),
+                walk_label(t, expect, b, sizeof b));
+        return NULL;
+    }
+    pthread_mutex_lock(&t->mu);
+    while (t->filled <= k && !t->reader_failed) pthread_cond_wait(&t->cv, &t->mu);
+    int failed = t->filled <= k;
+    pthread_mutex_unlock(&t->mu);
+    if (failed) { k3_fail(err, "%s", t->reader_err.msg); return NULL; }
+    t->consumed++;
+    return &t->slots[k % (uint64_t)t->n_slots];
+}
+
+static void release_walk(trunk *t, int i) {
+    if (i < t->n_pinned) return;
+    pthread_mutex_lock(&t->mu);
+    t->released++;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+}
+
+int trunk_acquire_unit(trunk *t, int u, k3_error *err) {
+    const unit_buffer *ub = acquire_walk(t, u, err);
+    if (!ub) return -1;
+    const trunk_unit *tu = &t->m->units[u];
+    for (int j = 0; j < tu->n; j++) tu->w[j]->data = ub->data[j];
+    return 0;
+}
+
+void trunk_release_unit(trunk *t, int u) {
+    const trunk_unit *tu = &t->m->units[u];
+    for (int j = 0; j < tu->n; j++) tu->w[j]->data = NULL;
+    release_walk(t, u);
+}
+
+int trunk_lm_chunks(const trunk *t) { return t->n_lm; }
+
+int trunk_acquire_lm(trunk *t, int c, dense_weight *w, size_t *row0, k3_error *err) {
+    const unit_buffer *ub = acquire_walk(t, t->n_layer_units + c, err);
+    if (!ub) return -1;
+    size_t V = (size_t)t->m->cfg.vocab_size, r0 = (size_t)c * t->lm_rows;
+    *row0 = r0;
+    *w = (dense_weight){t->m->lm_head.dtype, V - r0 < t->lm_rows ? V - r0 : t->lm_rows, t->m->lm_head.cols, ub->data[0]};
+    return 0;
+}
+
+void trunk_release_lm(trunk *t, int c) { release_walk(t, t->n_layer_units + c); }
+
+int trunk_embed_row(trunk *t, int32_t token, float *out, k3_error *err) {
+    const k3_model *m = t->m;
+    size_t E = (size_t)m->cfg.hidden_size, es = m->embed.dtype == DTYPE_F32 ? 4 : 2;
+    uint16_t buf16[256];
+    /* read in pieces through a small stack buffer: no [vocab, E] table anywhere */
+    for (size_t i = 0; i < E;) {
+        size_t n = E - i < 128 ? E - i : 128;
+        if (checkpoint_read(&t->m->ck, m->embed_entry, ((uint64_t)token * E + i) * es, buf16, n * es, err)) return -1;
+        for (size_t j = 0; j < n; j++) {
+            if (es == 4) memcpy(&out[i + j], (const char *)buf16 + 4 * j, 4);
+            else out[i + j] = bf16_to_f32(buf16[j]);
+        }
+        i += n;
+    }
+    return 0;
+}
+
+trunk_stats trunk_get_stats(trunk *t) {
+    trunk_stats s = {0};
+    s.pinned_bytes = t->pinned_bytes;
+    s.slot_bytes = t->slot_bytes;
+    s.n_slots = t->n_slots;
+    s.n_pinned = t->n_pinned;
+    s.n_walk = t->n_walk;
+    s.direct_io = t->direct_ok;
+    pthread_mutex_lock(&t->mu);
+    s.bytes_streamed = t->bytes_streamed;
+    s.units_streamed = t->filled;
+    pthread_mutex_unlock(&t->mu);
+    return s;
+}

@@ -1,0 +1,52 @@
+/* trunk.h - the dense trunk in memory: a pinned set plus streaming slots.
+ *
+ * The big trunk tensors are grouped in units (model.h: one layer's attention,
+ * one layer's FFN) and the lm head is cut into row chunks of at most one slot.
+ * The forward walks the same units in the same order every pass, so plain LRU
+ * would hit 0 %: a PREFIX of that order is pinned (read once at start), the
+ * rest streams through n_slots >= 2 slots filled by a reader thread that runs
+ * ahead of the compute; a slot is refilled only after its unit was released,
+ * so a slot in use is never overwritten. Reads use O_DIRECT into aligned
+ * buffers (buffered where the file system refuses it, warned once), tensor by
+ * tensor. Embedding rows are read on demand; nothing of [vocab, E] is resident
+ * unless the lm head is pinned. Acquire order must follow the walk order: a
+ * mismatch is reported as an error, never a wrong weight. */
+#ifndef K3_TRUNK_H
+#define K3_TRUNK_H
+
+#include "coordinator/model.h"
+
+typedef struct trunk trunk;
+
+typedef struct {
+    int n_pinned_units;      /* prefix of the walk order held resident (units, then lm chunks) */
+    int n_slots;             /* streaming slots (>= 2 unless everything is pinned) */
+    size_t lm_chunk_rows;    /* rows of the lm head per chunk */
+} trunk_config;
+
+/* Bytes of one streaming slot for the given lm chunk size (max over units). */
+uint64_t trunk_slot_bytes(const k3_model *m, size_t lm_chunk_rows);
+/* Number of walk units (layer parts + lm chunks) for an lm chunk size. */
+int trunk_walk_units(const k3_model *m, size_t lm_chunk_rows);
+/* Bytes of walk unit i (for planning the pinned prefix). */
+uint64_t trunk_walk_unit_bytes(const k3_model *m, size_t lm_chunk_rows, int i);
+
+trunk *trunk_create(k3_model *m, const trunk_config *tc, k3_error *err);
+void trunk_free(trunk *t);
+/* Makes the tensors of layer unit u readable (waits for the reader if streamed). */
+int trunk_acquire_unit(trunk *t, int u, k3_error *err);
+void trunk_release_unit(trunk *t, int u);
+/* lm head: number of chunks, and chunk c as a dense weight over rows [row0, row0+rows). */
+int trunk_lm_chunks(const trunk *t);
+int trunk_acquire_lm(trunk *t, int c, dense_weight *w, size_t *row0, k3_error *err);
+void trunk_release_lm(trunk *t, int c);
+/* Embedding row of a token as floats (read from the shard unless pinned). */
+int trunk_embed_row(trunk *t, int32_t token, float *out, k3_error *err);
+
+typedef struct {
+    uint64_t pinned_bytes, slot_bytes, bytes_streamed, units_streamed;
+    int n_slots, n_pinned, n_walk, direct_io;
+} trunk_stats;
+trunk_stats trunk_get_stats(trunk *t);
+
+#endif

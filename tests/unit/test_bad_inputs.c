@@ -146,7 +146,8 @@ static char **list_dir(const char *dir, const char *ext, size_t *n) {
             if (!nn) break;
             names = nn;
         }
-        names[(*n)++] = strdup(de->d_name);
+        if (!(names[*n] = strdup(de->d_name))) break;
+        (*n)++;
     }
     closedir(d);
     if (names) qsort(names, *n, sizeof *names, cmp_str);
@@ -186,6 +187,7 @@ static tally run_corpus(const char *root, const char *sub, int kind) {
             if (!text) { fail("%s: cannot read", path); continue; }
             /* exact-size copy: the parser must not read past len */
             char *exact = malloc(len ? len : 1);
+            if (!exact) { free(text); fail("out of memory"); continue; }
             memcpy(exact, text, len);
             free(text);
             k3_config cfg;

@@ -41,14 +41,14 @@ PRESETS = {
                 kda_H=3, kda_D=16, conv_K=4, gate_lb=-5.0,
                 mla_H=2, q_lora=24, kv_lora=16, nope=16, rope=8, vdim=12,
                 I_dense=96, n_exp=16, topk=4, n_shared=2, I_moe=32, L_lat=64,
-                rsf=1.0, shards=3, merges=300, n_gen=24),
+                rsf=1.0, shards=3, merges=252, n_gen=24),
     # 14 layers, the real block size 12 (one complete block + a partial one) and the
     # two-MLA tail of K3 (one-based 13 and 14).
     "m14b12": dict(E=42, layers=14, block=12, full=[4, 8, 13, 14],
                    kda_H=2, kda_D=32, conv_K=4, gate_lb=-5.0,
                    mla_H=3, q_lora=32, kv_lora=24, nope=16, rope=8, vdim=16,
                    I_dense=80, n_exp=10, topk=3, n_shared=2, I_moe=32, L_lat=64,
-                   rsf=1.0, shards=2, merges=300, n_gen=24),
+                   rsf=1.0, shards=2, merges=252, n_gen=24),
     # K3's real widths, few layers/experts: benchmarks only (not committed).
     "realwidth": dict(E=7168, layers=6, block=12, full=None,
                       kda_H=96, kda_D=128, conv_K=4, gate_lb=-5.0,
@@ -137,9 +137,17 @@ everybody who has heard it.
 "Where does the river go?" asked the youngest child. "To the sea," said her grandfather,
 "and then it comes back as rain, and it falls on the hills, and it runs past the mill
 again. Nothing is really lost; it only travels for a while."
+On Sunday the whole family walked up to the quarry, where the stones are grey and warm in
+the afternoon light, and they counted the boats that were moving slowly down the river.
 """
 
-PRETOK = re.compile(r"'(?:s|t|re|ve|m|ll|d)| ?[A-Za-z]+| ?[0-9]{1,3}| ?[^\sA-Za-z0-9]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# Kimi's pre-tokenisation pattern (shared/spec/TOKENIZER.md) restricted to ASCII, which is
+# all the corpus and the prompts contain: on ASCII text it splits exactly like the real one,
+# so prompt_text encodes to prompt_ids under the engine's tokenizer too.
+_CONTR = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+PRETOK = re.compile(r"[^\r\nA-Za-z0-9]?[A-Z]*[a-z]+" + _CONTR +
+                    r"|[^\r\nA-Za-z0-9]?[A-Z]+[a-z]*" + _CONTR +
+                    r"|[0-9]{1,3}| ?[^\sA-Za-z0-9]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
 def learn_bpe(n_merges):

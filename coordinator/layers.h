@@ -31,6 +31,9 @@ int moe_forward(const kernels *k, const k3_config *c, const moe_weights *w, int 
  * UNBIASED s, renormalised and scaled per config. */
 void moe_route(const k3_config *c, const float *router_logits, const float *bias, int32_t *ids, double *weights);
 
+/* acc[i] = sum_j weights[j] * y[j][i], summed in double in top-k order (j = 0..K-1). */
+void moe_combine(const double *weights, const float *y, size_t K, size_t L, float *acc);
+
 /* y = W.row(r) . x using the kernel of W's dtype. */
 float dense_row_dot(const kernels *k, const dense_weight *W, size_t r, const float *x);
 /* W[r][c] as float. */

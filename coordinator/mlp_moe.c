@@ -59,6 +59,14 @@ void moe_route(const k3_config *c, const float *logits, const float *bias, int32
     }
 }
 
+void moe_combine(const double *weights, const float *y, size_t K, size_t L, float *acc) {
+    for (size_t i = 0; i < L; i++) {
+        double s = 0;
+        for (size_t j = 0; j < K; j++) s += weights[j] * (double)y[j * L + i]; /* top-k order: part of the contract */
+        acc[i] = (float)s;
+    }
+}
+
 int moe_forward(const kernels *k, const k3_config *c, const moe_weights *w, int layer, expert_backend *eb,
                 const float *x, size_t T, float *out, int32_t *trace, k3_error *err) {
     size_t N = (size_t)c->num_experts, K = (size_t)c->num_experts_per_token, L = (size_t)c->routed_expert_hidden_size,
@@ -80,12 +88,7 @@ int moe_forward(const kernels *k, const k3_config *c, const moe_weights *w, int 
     /* 4-5: latent down-projection, experts, combine in top-k order */
     matmul_dense(k, &w->lat_down, x, T, z);
     if (eb->run(eb, layer, z, T, ptok, pexp, T * K, y, err)) goto out;
-    for (size_t t = 0; t < T; t++)
-        for (size_t i = 0; i < L; i++) {
-            double s = 0;
-            for (size_t j = 0; j < K; j++) s += wts[t * K + j] * (double)y[(t * K + j) * L + i];
-            acc[t * L + i] = (float)s;
-        }
+    for (size_t t = 0; t < T; t++) moe_combine(wts + t * K, y + t * K * L, K, L, acc + t * L);
     /* 6: latent norm on the AGGREGATE, then up-projection */
     if (c->latent_moe_use_norm)
         for (size_t t = 0; t < T; t++) rmsnorm(acc + t * L, acc + t * L, w->lat_norm, L, c->rms_norm_eps);

@@ -1,0 +1,317 @@
+/* sampler.c - greedy and seeded sampling of the next token (contract and algorithm: sampler.h). */
+#include "coordinator/sampler.h"
+#include "coordinator/generate.h"
+
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The draw must not depend on excess precision (x87) anywhere. */
+#if !defined(FLT_EVAL_METHOD) || FLT_EVAL_METHOD != 0
+#error "sampler.c needs FLT_EVAL_METHOD == 0 (IEEE double arithmetic without excess precision)"
+#endif
+
+/* ---- RNG: SplitMix64 seeding xoshiro256** ---- */
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+void k3_rng_seed(k3_rng *r, uint64_t seed) {
+    uint64_t x = seed;
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&x);
+}
+
+uint64_t k3_rng_next(k3_rng *r) {
+    uint64_t *s = r->s;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double k3_rng_uniform(k3_rng *r) { return (double)(k3_rng_next(r) >> 11) * 0x1.0p-53; }
+
+/* ---- exp from basic operations only ---- */
+
+double sampler_exp(double x) {
+    static const double LN2_HI = 0x1.62e42fee00000p-1;  /* 6.93147180369123816490e-01, 21 low zero bits */
+    static const double LN2_LO = 0x1.a39ef35793c76p-33; /* 1.90821492927058770002e-10 */
+    static const double INV_LN2 = 0x1.71547652b82fep+0;
+    /* 1/n! for n = 13 .. 0, correctly rounded */
+    static const double C[14] = {0x1.6124613a86d09p-33, 0x1.1eed8eff8d898p-29, 0x1.ae64567f544e4p-26,
+                                 0x1.27e4fb7789f5cp-22, 0x1.71de3a556c734p-19, 0x1.a01a01a01a01ap-16,
+                                 0x1.a01a01a01a01ap-13, 0x1.6c16c16c16c17p-10, 0x1.1111111111111p-7,
+                                 0x1.5555555555555p-5,  0x1.5555555555555p-3,  0x1.0p-1,
+                                 0x1.0p+0,              0x1.0p+0};
+    if (!(x >= -708.0)) return 0.0; /* also -inf and NaN */
+    if (x > 709.0) return HUGE_VAL;
+    double kd = floor(x * INV_LN2 + 0.5);
+    double r = (x - kd * LN2_HI) - kd * LN2_LO;
+    double p = C[0];
+    for (int i = 1; i < 14; i++) p = p * r + C[i];
+    return ldexp(p, (int)kd);
+}
+
+/* ---- settings ---- */
+
+void sampler_config_default(sampler_config *c) {
+    memset(c, 0, sizeof *c);
+    c->temperature = 0.0;
+    c->top_p = 1.0;
+    c->min_p = 0.0;
+    c->top_k = 0;
+    c->seed = 0;
+}
+
+int sampler_config_check(const sampler_config *c, char *err, size_t errlen) {
+    if (!(isfinite(c->temperature) && c->temperature >= 0.0 && c->temperature <= 100.0)) {
+        snprintf(err, errlen, "temperature must be a number in [0, 100] (0 = greedy), got %g", c->temperature);
+        return -1;
+    }
+    if (c->top_k < 0) {
+        snprintf(err, errlen, "top-k must be >= 0 (0 = off), got %d", c->top_k);
+        return -1;
+    }
+    if (!(c->top_p > 0.0 && c->top_p <= 1.0)) {
+        snprintf(err, errlen, "top-p must be in (0, 1] (1 = off), got %g", c->top_p);
+        return -1;
+    }
+    if (!(c->min_p >= 0.0 && c->min_p <= 1.0)) {
+        snprintf(err, errlen, "min-p must be in [0, 1] (0 = off), got %g", c->min_p);
+        return -1;
+    }
+    return 0;
+}
+
+static int parse_double(const char *s, double *out) {
+    char *end;
+    errno = 0;
+    if (!s || !*s) return -1;
+    double v = strtod(s, &end);
+    if (errno || end == s || *end) return -1;
+    *out = v;
+    return 0;
+}
+
+int sampler_parse_flag(sampler_config *c, const char *name, const char *value, char *err, size_t errlen) {
+    if (!strncmp(name, "--", 2)) name += 2;
+    sampler_config t = *c;
+    if (!strcmp(name, "temperature")) {
+        if (parse_double(value, &t.temperature)) goto bad_number;
+    } else if (!strcmp(name, "top-p")) {
+        if (parse_double(value, &t.top_p)) goto bad_number;
+    } else if (!strcmp(name, "min-p")) {
+        if (parse_double(value, &t.min_p)) goto bad_number;
+    } else if (!strcmp(name, "top-k")) {
+        char *end;
+        errno = 0;
+        long v = value && *value ? strtol(value, &end, 10) : 0;
+        if (!value || !*value || errno || *end || v < 0 || v > 2147483647L) {
+            snprintf(err, errlen, "--top-k wants an integer >= 0 (0 = off), got '%s'", value ? value : "");
+            return -1;
+        }
+        t.top_k = (int)v;
+    } else if (!strcmp(name, "seed")) {
+        char *end;
+        errno = 0;
+        if (!value || *value < '0' || *value > '9') goto bad_seed;
+        unsigned long long v = strtoull(value, &end, 10);
+        if (errno || *end) goto bad_seed;
+        t.seed = (uint64_t)v;
+    } else {
+        snprintf(err, errlen, "unknown sampling setting '%s'", name);
+        return -1;
+    }
+    if (sampler_config_check(&t, err, errlen)) return -1;
+    *c = t;
+    return 0;
+bad_number:
+    snprintf(err, errlen, "--%s wants a number, got '%s'", name, value ? value : "");
+    return -1;
+bad_seed:
+    snprintf(err, errlen, "--seed wants an integer in [0, 18446744073709551615], got '%s'", value ? value : "");
+    return -1;
+}
+
+void sampler_describe(const sampler_config *c, char *buf, size_t len) {
+    if (c->temperature == 0.0) {
+        snprintf(buf, len, "greedy (arg-max)");
+        return;
+    }
+    char k[32];
+    if (c->top_k > 0) snprintf(k, sizeof k, "%d", c->top_k);
+    else snprintf(k, sizeof k, "off");
+    snprintf(buf, len, "temperature %g, top-k %s, top-p %g, min-p %g, seed %llu", c->temperature, k, c->top_p,
+             c->min_p, (unsigned long long)c->seed);
+}
+
+/* ---- the sampler ---- */
+
+int sampler_init(sampler *s, const sampler_config *c, char *err, size_t errlen) {
+    memset(s, 0, sizeof *s);
+    if (sampler_config_check(c, err, errlen)) return -1;
+    s->cfg = *c;
+    k3_rng_seed(&s->rng, c->seed);
+    return 0;
+}
+
+void sampler_free(sampler *s) {
+    free(s->cand);
+    free(s->tmp);
+    free(s->key);
+    free(s->key2);
+    s->cand = s->tmp = NULL;
+    s->key = s->key2 = NULL;
+    s->cap = s->n_kept = 0;
+}
+
+void sampler_reset(sampler *s) { k3_rng_seed(&s->rng, s->cfg.seed); }
+
+int sampler_is_greedy(const sampler *s) { return s->cfg.temperature == 0.0; }
+
+static int reserve(sampler *s, size_t n) {
+    if (s->cap >= n) return 0;
+    sampler_cand *c = malloc(n * sizeof *c), *c2 = malloc(n * sizeof *c2);
+    uint64_t *k = malloc(n * sizeof *k), *k2 = malloc(n * sizeof *k2);
+    if (!c || !c2 || !k || !k2) {
+        free(c);
+        free(c2);
+        free(k);
+        free(k2);
+        return -1;
+    }
+    free(s->cand);
+    free(s->tmp);
+    free(s->key);
+    free(s->key2);
+    s->cand = c;
+    s->tmp = c2;
+    s->key = k;
+    s->key2 = k2;
+    s->cap = n;
+    return 0;
+}
+
+/* An unsigned key that orders floats by DEcreasing value (-0 and +0 equal). */
+static uint32_t desc_key(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if (u == 0x80000000u) u = 0;
+    u = (u & 0x80000000u) ? ~u : (u | 0x80000000u); /* increasing with the value */
+    return ~u;
+}
+
+/* Sorts tmp[0..m) (in increasing id order) into cand[0..m) by (logit descending, id ascending):
+ * a stable LSD radix sort on the 32-bit key of the float logit, so equal logits keep their id
+ * order. A total order, so this is the same array any correct sort would give. */
+static void sort_candidates(sampler *s, size_t m) {
+    uint64_t *a = s->key, *b = s->key2;
+    for (size_t i = 0; i < m; i++) a[i] = (uint64_t)desc_key((float)s->tmp[i].x) << 32 | (uint64_t)i;
+    for (int pass = 0; pass < 4; pass++) {
+        int shift = 32 + 8 * pass;
+        size_t count[256] = {0};
+        for (size_t i = 0; i < m; i++) count[(a[i] >> shift) & 255]++;
+        int skip = 0;
+        for (int d = 0; d < 256; d++) skip |= count[d] == m;
+        if (skip) continue; /* every key has the same digit here */
+        size_t pos = 0;
+        for (int d = 0; d < 256; d++) {
+            size_t c = count[d];
+            count[d] = pos;
+            pos += c;
+        }
+        for (size_t i = 0; i < m; i++) b[count[(a[i] >> shift) & 255]++] = a[i];
+        uint64_t *t = a;
+        a = b;
+        b = t;
+    }
+    for (size_t i = 0; i < m; i++) s->cand[i] = s->tmp[a[i] & 0xFFFFFFFFu];
+}
+
+int sampler_filter(sampler *s, const float *logits, size_t n) {
+    s->n_kept = 0;
+    s->wsum = 0.0;
+    if (n == 0 || n > (size_t)INT32_MAX) return SAMPLER_ENONFINITE;
+    if (sampler_is_greedy(s)) {
+        int32_t id = argmax_logits(logits, n);
+        if (id < 0) return SAMPLER_ENONFINITE;
+        if (reserve(s, 1)) return SAMPLER_ENOMEM;
+        s->cand[0] = (sampler_cand){(double)logits[id], 1.0, id};
+        s->n_kept = 1;
+        s->wsum = 1.0;
+        return 0;
+    }
+    /* step 0 and the largest logit */
+    double x0 = -INFINITY;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(logits[i])) return SAMPLER_ENONFINITE;
+        if ((double)logits[i] > x0) x0 = (double)logits[i];
+    }
+    if (reserve(s, n)) return SAMPLER_ENOMEM;
+    const double T = s->cfg.temperature;
+    /* weights (step 3's formula; a candidate's weight does not depend on the order); zero weights
+     * are dropped: they sort after every positive one and can never be drawn */
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double x = (double)logits[i];
+        double w = sampler_exp((x - x0) / T);
+        if (w > 0.0) s->tmp[m++] = (sampler_cand){x, w, (int32_t)i};
+    }
+    /* step 1 */
+    sort_candidates(s, m);
+    /* step 2: top-k */
+    size_t k = m;
+    if (s->cfg.top_k > 0 && (size_t)s->cfg.top_k < k) k = (size_t)s->cfg.top_k;
+    /* step 3: Z */
+    double Z = 0.0;
+    for (size_t j = 0; j < k; j++) Z += s->cand[j].w;
+    /* step 4: top-p */
+    if (s->cfg.top_p < 1.0) {
+        double target = s->cfg.top_p * Z, run = 0.0;
+        for (size_t j = 0; j < k; j++) {
+            run += s->cand[j].w;
+            if (run >= target) {
+                k = j + 1;
+                break;
+            }
+        }
+    }
+    /* step 5: min-p (weights are non-increasing along the order, so this is a prefix) */
+    if (s->cfg.min_p > 0.0) {
+        size_t j = 1;
+        while (j < k && s->cand[j].w >= s->cfg.min_p) j++;
+        k = j;
+    }
+    /* the kept mass for step 6 */
+    double Zk = 0.0;
+    for (size_t j = 0; j < k; j++) Zk += s->cand[j].w;
+    s->n_kept = k;
+    s->wsum = Zk;
+    return 0;
+}
+
+int32_t sampler_pick(sampler *s, const float *logits, size_t n) {
+    int rc = sampler_filter(s, logits, n);
+    if (rc) return rc;
+    if (sampler_is_greedy(s)) return s->cand[0].id;
+    double r = k3_rng_uniform(&s->rng) * s->wsum, run = 0.0;
+    for (size_t j = 0; j < s->n_kept; j++) {
+        run += s->cand[j].w;
+        if (run > r) return s->cand[j].id;
+    }
+    return s->cand[s->n_kept - 1].id;
+}

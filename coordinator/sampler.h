@@ -1,0 +1,104 @@
+/* sampler.h - choosing the next token from one row of logits: greedy, or seeded sampling with
+ * temperature, top-k, top-p and min-p (docs/CHAT.md has the same text with examples).
+ *
+ * Contract
+ * - sampler_pick is a pure function of (the bits of the n logits, the config, the RNG state). It
+ *   uses no libm transcendental, no threads and no global state, and the build compiles with
+ *   -ffp-contract=off, so a seed gives the same ids on any IEEE-754 machine, thread count, worker
+ *   count and memory budget (the engine's logits are already bit-identical across those).
+ * - Greedy (temperature == 0, the default): arg-max with the lowest id on ties, exactly
+ *   argmax_logits (generate.h); top_k / top_p / min_p are ignored and the RNG is not touched.
+ * - Sampling (temperature > 0). All arithmetic in IEEE-754 double; x_i = (double)logits[i].
+ *   0. Any non-finite logit: return SAMPLER_ENONFINITE, the RNG is not advanced.
+ *   1. Order the candidates 0..n-1 by x descending, ties by lower id first (a total order).
+ *   2. top-k (k > 0): keep the first min(k, n) candidates; k == 0 keeps all.
+ *   3. Weights w_i = sampler_exp((x_i - x_0) / T) for the kept candidates (x_0 = the largest, so
+ *      w_0 = 1 and every w_i is in [0, 1]); Z = w_0 + w_1 + ... summed left to right in the order
+ *      of step 1.
+ *   4. top-p (p < 1): keep the shortest prefix 0..m-1 whose running sum (left to right) is >= p * Z;
+ *      all of them if rounding never gets there. p == 1 keeps all.
+ *   5. min-p (q > 0): keep the candidates with w_i >= q, i.e. prob_i >= q * prob_max (a prefix;
+ *      the first always stays). q == 0 keeps all.
+ *   6. Draw: Z' = sum of the kept w_i left to right; u = k3_rng_uniform() (exactly one draw per
+ *      sampled token, even when one candidate is left); r = u * Z'; the pick is the first kept
+ *      candidate whose running sum is > r (the last kept one if rounding leaves none).
+ *   Candidates whose weight is exactly 0 (far below the top) can never be picked and are dropped
+ *   before sorting; this changes nothing in the result.
+ * - sampler_exp(x): exp for x <= 0 from +, -, *, / and ldexp only: k = floor(x / ln2 + 0.5),
+ *   r = (x - k*LN2_HI) - k*LN2_LO (fdlibm's split of ln 2), exp(r) by the degree-13 Taylor
+ *   polynomial in Horner form, times 2^k; x < -708 gives 0. Relative error below 1e-15.
+ * - RNG (k3_rng): xoshiro256** (Blackman & Vigna, 2018) whose four state words are the first four
+ *   outputs of SplitMix64 started at the seed; k3_rng_uniform = (next >> 11) * 2^-53, in [0, 1).
+ * - sampler_reset re-seeds the RNG (a fresh conversation repeats its first reply).
+ * - Settings are checked by sampler_init: temperature finite in [0, 100], top_k >= 0, top_p in
+ *   (0, 1], min_p in [0, 1]; anything else is refused with a message naming the setting.
+ * - Return values of sampler_pick: the id, SAMPLER_ENONFINITE (-1), SAMPLER_ENOMEM (-2). */
+#ifndef K3_SAMPLER_H
+#define K3_SAMPLER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+enum { SAMPLER_ENONFINITE = -1, SAMPLER_ENOMEM = -2 };
+
+typedef struct {
+    double temperature; /* 0 = greedy (default) */
+    double top_p;       /* (0, 1]; 1 = off (default) */
+    double min_p;       /* [0, 1]; 0 = off (default) */
+    int top_k;          /* >= 0; 0 = off (default) */
+    uint64_t seed;      /* default 0 */
+} sampler_config;
+
+typedef struct {
+    uint64_t s[4];
+} k3_rng;
+
+/* One candidate after filtering: its logit (as double), weight w (unnormalised; w / wsum is its
+ * probability) and id. */
+typedef struct {
+    double x, w;
+    int32_t id;
+} sampler_cand;
+
+typedef struct {
+    sampler_config cfg;
+    k3_rng rng;
+    /* scratch, readable after sampler_filter / sampler_pick: the kept candidates in the order of
+     * step 1 (cand[0 .. n_kept)) and the sum of their weights */
+    sampler_cand *cand;
+    size_t cap, n_kept;
+    double wsum;
+    /* internal scratch of the sort */
+    sampler_cand *tmp;
+    uint64_t *key, *key2;
+} sampler;
+
+/* Defaults: greedy, top_k 0, top_p 1, min_p 0, seed 0. */
+void sampler_config_default(sampler_config *c);
+/* Checks the settings (message into err, -1 if refused). */
+int sampler_config_check(const sampler_config *c, char *err, size_t errlen);
+/* Sets one setting from command-line text: name is "temperature", "top-k", "top-p", "min-p" or
+ * "seed" (a leading "--" is accepted). Strict: the whole value must parse and be in range.
+ * 0, or -1 with a message naming the flag. */
+int sampler_parse_flag(sampler_config *c, const char *name, const char *value, char *err, size_t errlen);
+/* One line describing the settings ("greedy" or "temperature 0.7, top-k 40, ..., seed 1"). */
+void sampler_describe(const sampler_config *c, char *buf, size_t len);
+
+int sampler_init(sampler *s, const sampler_config *c, char *err, size_t errlen);
+void sampler_free(sampler *s);
+void sampler_reset(sampler *s);
+int sampler_is_greedy(const sampler *s);
+
+int32_t sampler_pick(sampler *s, const float *logits, size_t n);
+
+/* Steps 0-5 only (no draw, the RNG untouched): fills s->cand / s->n_kept / s->wsum.
+ * Greedy: the arg-max alone with weight 1. 0, SAMPLER_ENONFINITE or SAMPLER_ENOMEM. */
+int sampler_filter(sampler *s, const float *logits, size_t n);
+
+/* The exact exp and RNG above (exposed for tests and tools). */
+double sampler_exp(double x);
+void k3_rng_seed(k3_rng *r, uint64_t seed);
+uint64_t k3_rng_next(k3_rng *r);
+double k3_rng_uniform(k3_rng *r);
+
+#endif

@@ -1,0 +1,380 @@
+/* chat_repl.c - chat sessions over a carried sequence state and the `--chat` REPL (contract:
+ * chat_repl.h). */
+#include "coordinator/chat_repl.h"
+#include "coordinator/generate.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+struct chat_session {
+    engine *en;
+    const tokenizer *tok;
+    chat_options opt;
+    chat_template tmpl;
+    const char *system;     /* resolved: NULL = no system message */
+    seq_state st;
+    int st_ok, broken;
+    sampler smp;
+    int32_t *stops;
+    size_t n_stops;
+    int32_t end_id;
+    chat_ids transcript;    /* [0, st.pos) fed, the rest pending */
+    float *logits;          /* one row */
+    size_t V;
+    char *obuf;             /* utf8_stream output */
+    size_t ocap;
+};
+
+void chat_options_default(chat_options *o) {
+    memset(o, 0, sizeof *o);
+    o->system = NULL;
+    o->thinking = 1;
+    o->tmpl = CHAT_TEMPLATE_AUTO;
+    o->max_tokens = 512;
+    sampler_config_default(&o->sampling);
+    o->chunk = 64;
+    o->max_context = 0;
+    o->stats = 1;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* The system message (if any) as pending ids of an empty transcript. */
+static int queue_system(chat_session *s, char *err, size_t errlen) {
+    if (!s->system) return CHAT_OK;
+    return chat_render_turn(s->tok, s->tmpl, "system", s->system, strlen(s->system), &s->transcript, err, errlen);
+}
+
+void chat_session_free(chat_session *s) {
+    if (!s) return;
+    if (s->st_ok) seq_state_free(&s->st);
+    sampler_free(&s->smp);
+    free(s->stops);
+    chat_ids_free(&s->transcript);
+    free(s->logits);
+    free(s->obuf);
+    free(s);
+}
+
+int chat_session_create(chat_session **out, engine *en, const tokenizer *tok, const chat_options *opt, char *err,
+                        size_t errlen) {
+    *out = NULL;
+    if (opt->max_tokens < 1) {
+        snprintf(err, errlen, "--max-tokens must be at least 1");
+        return CHAT_EINPUT;
+    }
+    if (opt->chunk < 1) {
+        snprintf(err, errlen, "--chunk must be at least 1");
+        return CHAT_EINPUT;
+    }
+    chat_session *s = calloc(1, sizeof *s);
+    if (!s) {
+        snprintf(err, errlen, "out of memory for a chat session");
+        return CHAT_ENOMEM;
+    }
+    s->en = en;
+    s->tok = tok;
+    s->opt = *opt;
+    s->opt.stop_ids = NULL;
+    s->opt.n_stop_ids = 0;
+    s->V = (size_t)en->model->cfg.vocab_size;
+    int rc = chat_template_resolve(tok, opt->tmpl, &s->tmpl, err, errlen);
+    if (rc) goto fail;
+    s->system = opt->system ? (opt->system[0] ? opt->system : NULL) : chat_default_system(s->tmpl);
+    if (sampler_init(&s->smp, &opt->sampling, err, errlen)) {
+        rc = CHAT_EINPUT;
+        goto fail;
+    }
+    if ((rc = chat_stop_ids(tok, s->tmpl, opt->stop_ids, opt->n_stop_ids, &s->stops, &s->n_stops, err, errlen)))
+        goto fail;
+    s->end_id = chat_end_id(tok, s->tmpl);
+    for (size_t i = 0; i < s->n_stops; i++)
+        if ((size_t)s->stops[i] >= s->V) {
+            snprintf(err, errlen, "stop id %d is outside the model's vocabulary [0, %zu)", s->stops[i], s->V);
+            rc = CHAT_EINPUT;
+            goto fail;
+        }
+    /* every id the template uses must be one the model can read */
+    chat_ids probe = {0};
+    if (!(rc = chat_render_turn(tok, s->tmpl, "user", "", 0, &probe, err, errlen)))
+        rc = chat_render_generation_prompt(tok, s->tmpl, opt->thinking, &probe, err, errlen);
+    for (size_t i = 0; !rc && i < probe.n; i++)
+        if ((size_t)probe.ids[i] >= s->V) {
+            snprintf(err, errlen, "the %s chat template uses id %d, outside the model's vocabulary [0, %zu)",
+                     chat_template_name(s->tmpl), probe.ids[i], s->V);
+            rc = CHAT_EINPUT;
+        }
+    chat_ids_free(&probe);
+    if (rc) goto fail;
+    if (!(s->logits = malloc(s->V * sizeof *s->logits))) {
+        snprintf(err, errlen, "out of memory for a row of %zu logits", s->V);
+        rc = CHAT_ENOMEM;
+        goto fail;
+    }
+    k3_error kerr = {0};
+    if (seq_state_init(&s->st, &en->model->cfg, &kerr)) {
+        snprintf(err, errlen, "%s", kerr.msg);
+        rc = -1;
+        goto fail;
+    }
+    s->st_ok = 1;
+    if ((rc = queue_system(s, err, errlen))) goto fail;
+    *out = s;
+    return CHAT_OK;
+fail:
+    chat_session_free(s);
+    return rc;
+}
+
+int chat_session_reset(chat_session *s, char *err, size_t errlen) {
+    seq_state_reset(&s->st, &s->en->model->cfg);
+    s->transcript.n = 0;
+    s->broken = 0;
+    sampler_reset(&s->smp);
+    return queue_system(s, err, errlen);
+}
+
+const int32_t *chat_session_transcript(const chat_session *s, size_t *n, size_t *n_fed) {
+    if (n) *n = s->transcript.n;
+    if (n_fed) *n_fed = s->st.pos;
+    return s->transcript.ids;
+}
+
+chat_template chat_session_template(const chat_session *s) { return s->tmpl; }
+
+const int32_t *chat_session_stop_ids(const chat_session *s, size_t *n) {
+    *n = s->n_stops;
+    return s->stops;
+}
+
+static int is_stop(const chat_session *s, int32_t id) {
+    for (size_t i = 0; i < s->n_stops; i++)
+        if (s->stops[i] == id) return 1;
+    return 0;
+}
+
+/* Writes the token's bytes through the stream (ids the tokenizer does not know print nothing). */
+static int emit(chat_session *s, utf8_stream *us, int32_t id, FILE *out) {
+    const char *b;
+    size_t len;
+    if (!out || tokenizer_token_bytes(s->tok, id, &b, &len) != 0) return 0;
+    size_t need = UTF8_STREAM_MAX_OUT(len);
+    if (need > s->ocap) {
+        char *p = realloc(s->obuf, need);
+        if (!p) return -1;
+        s->obuf = p;
+        s->ocap = need;
+    }
+    size_t m = utf8_stream_push(us, b, len, s->obuf);
+    if (m) {
+        fwrite(s->obuf, 1, m, out);
+        fflush(out);
+    }
+    return 0;
+}
+
+/* Feeds the pending ids (transcript[st.pos ..]) and leaves the last position's logits in s->logits. */
+static int feed_pending(chat_session *s, char *err, size_t errlen) {
+    k3_error kerr = {0};
+    size_t from = s->st.pos, n = s->transcript.n - from;
+    if (feed_tokens(s->en, &s->st, s->transcript.ids + from, n, s->opt.chunk, s->transcript.n - 1, s->logits,
+                    &kerr)) {
+        s->broken = 1;
+        snprintf(err, errlen, "%s", kerr.msg);
+        return -1;
+    }
+    return 0;
+}
+
+int chat_session_turn(chat_session *s, const char *text, size_t len, FILE *out, chat_turn_stats *stats, char *err,
+                      size_t errlen) {
+    chat_turn_stats ts = {0};
+    ts.stop_id = -1;
+    if (stats) *stats = ts;
+    if (s->broken) {
+        snprintf(err, errlen, "the conversation state was lost by an earlier failure; /reset to start over");
+        return -1;
+    }
+    size_t n0 = s->transcript.n;
+    int rc = chat_render_turn(s->tok, s->tmpl, "user", text, len, &s->transcript, err, errlen);
+    if (!rc) rc = chat_render_generation_prompt(s->tok, s->tmpl, s->opt.thinking, &s->transcript, err, errlen);
+    if (rc) {
+        s->transcript.n = n0;
+        return rc;
+    }
+    /* + 1: the id that closes a reply cut by the limit */
+    if (s->opt.max_context && s->transcript.n + s->opt.max_tokens + 1 > s->opt.max_context) {
+        snprintf(err, errlen,
+                 "context full: %zu positions used, this message needs %zu more plus up to %zu for the reply "
+                 "(limit %zu); /reset to start over",
+                 n0, s->transcript.n - n0, s->opt.max_tokens + 1, s->opt.max_context);
+        s->transcript.n = n0;
+        return CHAT_EINPUT;
+    }
+    ts.n_fed = s->transcript.n - s->st.pos;
+    double t0 = now_s();
+    if (feed_pending(s, err, errlen)) return -1;
+    ts.prefill_s = now_s() - t0;
+    t0 = now_s();
+    utf8_stream us;
+    utf8_stream_init(&us, 1);
+    for (;;) {
+        int32_t id = sampler_pick(&s->smp, s->logits, s->V);
+        if (id == SAMPLER_ENOMEM) {
+            snprintf(err, errlen, "out of memory in the sampler");
+            s->broken = 1;
+            return CHAT_ENOMEM;
+        }
+        if (id < 0) {
+            snprintf(err, errlen, "non-finite logits at position %zu: refusing to emit a token", s->st.pos - 1);
+            s->broken = 1;
+            return -1;
+        }
+        if (chat_ids_append(&s->transcript, &id, 1)) goto nomem;
+        if (is_stop(s, id)) {
+            ts.stop_id = id;
+            break;
+        }
+        ts.n_gen++;
+        if (emit(s, &us, id, out)) goto nomem;
+        if (ts.n_gen == s->opt.max_tokens) {
+            ts.hit_limit = 1;
+            if (chat_ids_append(&s->transcript, &s->end_id, 1)) goto nomem;
+            break;
+        }
+        if (feed_pending(s, err, errlen)) return -1;
+    }
+    if (out) {
+        if (s->ocap < UTF8_STREAM_MAX_OUT(0)) {
+            char *p = realloc(s->obuf, UTF8_STREAM_MAX_OUT(0));
+            if (!p) goto nomem;
+            s->obuf = p;
+            s->ocap = UTF8_STREAM_MAX_OUT(0);
+        }
+        size_t m = utf8_stream_flush(&us, s->obuf);
+        if (m) fwrite(s->obuf, 1, m, out);
+        fflush(out);
+    }
+    ts.decode_s = now_s() - t0;
+    ts.context = s->transcript.n;
+    if (stats) *stats = ts;
+    return CHAT_OK;
+nomem:
+    snprintf(err, errlen, "out of memory during a reply");
+    s->broken = 1;
+    return CHAT_ENOMEM;
+}
+
+/* ---- the REPL ---- */
+
+static void trim(const char *s, size_t len, size_t *b, size_t *e) {
+    size_t i = 0, j = len;
+    while (i < j && (s[i] == ' ' || s[i] == '\t')) i++;
+    while (j > i && (s[j - 1] == ' ' || s[j - 1] == '\t')) j--;
+    *b = i;
+    *e = j;
+}
+
+static int is_cmd(const char *line, size_t b, size_t e, const char *cmd) {
+    size_t n = strlen(cmd);
+    return e - b == n && !memcmp(line + b, cmd, n);
+}
+
+static void print_stats(const chat_session *s, const chat_turn_stats *ts, size_t turn, FILE *log) {
+    char why[96];
+    if (ts->hit_limit) snprintf(why, sizeof why, "the %zu-token limit", s->opt.max_tokens);
+    else {
+        const char *b;
+        size_t len;
+        if (tokenizer_token_bytes(s->tok, ts->stop_id, &b, &len) == 0 && len < 64)
+            snprintf(why, sizeof why, "%.*s (id %d)", (int)len, b, ts->stop_id);
+        else snprintf(why, sizeof why, "stop id %d", ts->stop_id);
+    }
+    double pre = ts->prefill_s > 0 ? (double)ts->n_fed / ts->prefill_s : 0;
+    /* decode rate: the generated ids that were fed back (all but the last) per second */
+    double dec = ts->decode_s > 0 ? (double)ts->n_gen / ts->decode_s : 0;
+    fprintf(log,
+            "k3: [turn %zu: fed %zu tokens in %.3f s (%.1f tok/s); replied %zu tokens in %.3f s (%.2f tok/s); "
+            "ended by %s; context %zu]\n",
+            turn, ts->n_fed, ts->prefill_s, pre, ts->n_gen, ts->decode_s, dec, why, ts->context);
+    fflush(log);
+}
+
+int chat_repl(engine *en, const tokenizer *tok, const chat_options *opt, FILE *in, FILE *out, FILE *log) {
+    char err[1024];
+    chat_session *s = NULL;
+    int rc = chat_session_create(&s, en, tok, opt, err, sizeof err);
+    if (rc) {
+        fprintf(log, "k3: %s\n", err);
+        return rc == CHAT_EINPUT ? 2 : 1;
+    }
+    int interactive = isatty(fileno(in));
+    char desc[256];
+    sampler_describe(&opt->sampling, desc, sizeof desc);
+    fprintf(log, "k3: chat (template %s%s, %s, at most %zu tokens per reply); /reset starts over, /exit ends\n",
+            chat_template_name(s->tmpl),
+            s->tmpl == CHAT_TEMPLATE_K3 ? (opt->thinking ? ", thinking" : ", no thinking") : "", desc,
+            opt->max_tokens);
+    fflush(log);
+    char *line = NULL;
+    size_t cap = 0, turn = 0;
+    int status = 0;
+    for (;;) {
+        if (interactive) {
+            fputs("> ", out);
+            fflush(out);
+        }
+        ssize_t got = getline(&line, &cap, in);
+        if (got < 0) {
+            if (interactive) fputc('\n', out);
+            break;
+        }
+        size_t len = (size_t)got;
+        if (len && line[len - 1] == '\n') len--;
+        if (len && line[len - 1] == '\r') len--;
+        size_t b, e;
+        trim(line, len, &b, &e);
+        if (b == e) continue;
+        if (is_cmd(line, b, e, "/exit") || is_cmd(line, b, e, "/quit")) break;
+        if (is_cmd(line, b, e, "/help")) {
+            fputs("one line = one message; /reset starts a fresh conversation, /exit (or EOF) ends\n", out);
+            fflush(out);
+            continue;
+        }
+        if (is_cmd(line, b, e, "/reset")) {
+            if (chat_session_reset(s, err, sizeof err)) {
+                fprintf(log, "k3: %s\n", err);
+                status = 1;
+                break;
+            }
+            turn = 0;
+            fprintf(log, "k3: conversation reset\n");
+            fflush(log);
+            continue;
+        }
+        chat_turn_stats ts;
+        rc = chat_session_turn(s, line, len, out, &ts, err, sizeof err);
+        if (rc == CHAT_EINPUT) {
+            fprintf(log, "k3: %s (message ignored)\n", err);
+            fflush(log);
+            continue;
+        }
+        fputc('\n', out);
+        fflush(out);
+        if (rc) {
+            fprintf(log, "k3: %s\n", err);
+            status = 1;
+            break;
+        }
+        if (opt->stats) print_stats(s, &ts, ++turn, log);
+    }
+    free(line);
+    chat_session_free(s);
+    return status;
+}

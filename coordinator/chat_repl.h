@@ -1,0 +1,84 @@
+/* chat_repl.h - interactive chat over one carried sequence state: a session API (one turn at a
+ * time, used by tests and tools) and the REPL loop behind `k3 MODEL --chat` (docs/CHAT.md).
+ *
+ * Contract
+ * - A session owns a seq_state (KDA/MLA state), a sampler and the transcript (every id of the
+ *   conversation in order). A turn renders the user text (chat.h), feeds ONLY the ids not fed yet
+ *   (the pending ids, then the user message, then the generation prompt) through the carried state
+ *   in chunks of opt->chunk, and generates until a stop id or opt->max_tokens: each token is picked
+ *   by the sampler from the last position's logits, its text streamed to `out` by complete code
+ *   points (utf8_stream, U+FFFD for ill-formed bytes, stop ids not printed) and, unless it ends the
+ *   turn, fed as the next position. The conversation is never re-read.
+ * - The id that ends the turn (the stop id, or after max_tokens the last generated id followed by the
+ *   template's end of message, chat_end_id) becomes PENDING: it is part of the transcript at once and
+ *   is fed at the start of the next turn together with the new message (one trunk pass fewer per
+ *   turn; chunking never changes a bit). Likewise the system message (opt->system; NULL = the
+ *   template's default, chat_default_system; "" = none) is pending from the start and after a reset.
+ *   Invariant: transcript length == state position + pending count.
+ * - chat_session_reset: fresh state (seq_state_reset), transcript cleared, sampler re-seeded, the
+ *   system message pending again. The same inputs then give the same replies.
+ * - opt->max_context (0 = none): a turn whose ids plus max_tokens would pass it is refused
+ *   (CHAT_EINPUT) before anything is fed.
+ * - Return codes of chat_session_turn: 0; CHAT_EINPUT (bad input, e.g. invalid UTF-8, or context
+ *   full: nothing was fed, the session is unchanged and usable); -1 (engine failure or non-finite
+ *   logits: the state is undefined, stop using the session); CHAT_ENOMEM. err gets the message.
+ * - chat_repl: reads lines from `in` (a terminal or a pipe; "\n" or "\r\n" endings; the last line
+ *   needs no newline). Each line is one user message. Commands (the whole line, blanks around it
+ *   ignored): /reset, /exit, /quit, /help. Blank lines are skipped. Replies go to `out`, one line per
+ *   turn (a "> " prompt is printed when `in` is a terminal); the banner, per-turn stats (tokens,
+ *   tokens/s, why the turn ended) and errors go to `log`. EOF or /exit ends it.
+ *   Returns 0 (normal end), 1 (run-time failure, message on log), 2 (refused options, message on
+ *   log). */
+#ifndef K3_CHAT_REPL_H
+#define K3_CHAT_REPL_H
+
+#include "coordinator/chat.h"
+#include "coordinator/forward.h"
+#include "coordinator/sampler.h"
+#include "coordinator/tokenizer.h"
+#include <stdio.h>
+
+typedef struct {
+    const char *system;       /* NULL: template default; "": none */
+    int thinking;             /* K3: <|open|>think<|sep|> (1, default) or <|open|>response<|sep|> (0) */
+    chat_template tmpl;       /* CHAT_TEMPLATE_AUTO (default) detects from the tokenizer's specials */
+    size_t max_tokens;        /* per reply, >= 1 (default 512) */
+    sampler_config sampling;  /* default greedy */
+    const int32_t *stop_ids;  /* extra stop ids (copied at session creation) */
+    size_t n_stop_ids;
+    size_t chunk;             /* prefill chunk in tokens, >= 1 (default 64) */
+    size_t max_context;       /* 0 = no limit */
+    int stats;                /* per-turn stats on log (default 1) */
+} chat_options;
+
+void chat_options_default(chat_options *o);
+
+typedef struct chat_session chat_session;
+
+typedef struct {
+    size_t n_fed;        /* ids fed before the first generated one (pending + message + prompt) */
+    size_t n_gen;        /* generated ids (without the stop id) */
+    int32_t stop_id;     /* the stop id that ended the turn, or -1 */
+    int hit_limit;       /* 1 if max_tokens ended the turn */
+    double prefill_s, decode_s;
+    size_t context;      /* transcript length after the turn */
+} chat_turn_stats;
+
+/* 0; CHAT_EINPUT for refused options (template, sampler settings, stop ids, max_tokens, chunk);
+ * CHAT_ENOMEM; -1 if the sequence state cannot be made. The message goes to err. */
+int chat_session_create(chat_session **s, engine *en, const tokenizer *tok, const chat_options *opt, char *err,
+                        size_t errlen);
+void chat_session_free(chat_session *s);
+int chat_session_reset(chat_session *s, char *err, size_t errlen);
+/* One user message and the reply; out may be NULL (nothing printed); stats may be NULL. */
+int chat_session_turn(chat_session *s, const char *text, size_t len, FILE *out, chat_turn_stats *stats, char *err,
+                      size_t errlen);
+/* The transcript (fed and pending ids, in order) and how many of them are fed. */
+const int32_t *chat_session_transcript(const chat_session *s, size_t *n, size_t *n_fed);
+chat_template chat_session_template(const chat_session *s);
+/* The stop ids in use (template ones first). */
+const int32_t *chat_session_stop_ids(const chat_session *s, size_t *n);
+
+int chat_repl(engine *en, const tokenizer *tok, const chat_options *opt, FILE *in, FILE *out, FILE *log);
+
+#endif

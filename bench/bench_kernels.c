@@ -86,27 +86,28 @@ typedef struct {
     mxfp4_weight *m; /* is_mxfp4: ncopies weights, cycled so no call finds the last in cache */
     size_t ncopies;
     size_t bytes; /* weight bytes streamed by one call */
+    size_t ntok;  /* tokens per call */
 } bench_case;
 
 typedef struct {
     double ms, gbs;
 } bench_result;
 
-/* Best of 5 batches (each >= min_s/5): the machine may be shared, the best batch
+/* Best of 10 batches (each >= min_s/10): the machine may be shared, the best batch
  * is the kernel's own speed. */
 static bench_result run_case(const kernels *k, const bench_case *c, const float *x, float *y, double min_s) {
     double best = 1e30;
     size_t calls_total = 0;
-    for (int batch = 0; batch < 5; batch++) {
+    for (int batch = 0; batch < 10; batch++) {
         size_t calls = 0;
         double t0 = now_s(), t;
         do {
-            if (c->is_mxfp4) matmul_mxfp4(k, &c->m[calls_total % c->ncopies], x, 1, y);
-            else matmul_dense(k, &c->d, x, 1, y);
+            if (c->is_mxfp4) matmul_mxfp4(k, &c->m[calls_total % c->ncopies], x, c->ntok, y);
+            else matmul_dense(k, &c->d, x, c->ntok, y);
             calls++;
             calls_total++;
             t = now_s() - t0;
-        } while (t < min_s / 5 || calls < 2);
+        } while (t < min_s / 10 || calls < 2);
         if (t / (double)calls < best) best = t / (double)calls;
     }
     bench_result r = {1e3 * best, (double)c->bytes / best / 1e9};
@@ -156,10 +157,12 @@ int main(int argc, char **argv) {
         wb[i] = (uint16_t)((wb[i] & 0x807f) | (uint16_t)((120 + (wb[i] >> 7) % 8) << 7));
 
     const size_t ncopies = 16; /* 16 x 5.85 MB: well beyond the caches, like distinct experts */
-    bench_case cases[3] = {
-        {"bf16 matvec", 0, {DTYPE_BF16, brows, bcols, wb}, NULL, 0, brows * bcols * 2},
-        {"mxfp4 w1/w3", 1, {0, 0, 0, NULL}, NULL, ncopies, 0},
-        {"mxfp4 w2", 1, {0, 0, 0, NULL}, NULL, ncopies, 0},
+    enum { NCASES = 4, MAXTOK = 8 };
+    bench_case cases[NCASES] = {
+        {"bf16 matvec", 0, {DTYPE_BF16, brows, bcols, wb}, NULL, 0, brows * bcols * 2, 1},
+        {"mxfp4 w1/w3", 1, {0, 0, 0, NULL}, NULL, ncopies, 0, 1},
+        {"mxfp4 w2", 1, {0, 0, 0, NULL}, NULL, ncopies, 0, 1},
+        {"mxfp4 w1/w3, 8 tokens", 1, {0, 0, 0, NULL}, NULL, ncopies, 0, MAXTOK},
     };
     const size_t mshape[2][2] = {{3072, 3584}, {3584, 3072}};
     size_t maxcols = bcols, maxrows = brows;
@@ -174,22 +177,26 @@ int main(int argc, char **argv) {
         }
         cases[ci].bytes = rows * cols / 2 + rows * cols / 32;
     }
+    cases[3].m = cases[1].m; /* same weights as w1/w3 */
+    cases[3].bytes = cases[1].bytes;
 
-    float *x = xmalloc(maxcols * sizeof *x), *y = xmalloc(maxrows * sizeof *y), *y2 = xmalloc(maxrows * sizeof *y2);
+    float *x = xmalloc(MAXTOK * maxcols * sizeof *x), *y = xmalloc(MAXTOK * maxrows * sizeof *y),
+          *y2 = xmalloc(MAXTOK * maxrows * sizeof *y2);
     uint64_t s = 1;
-    for (size_t i = 0; i < maxcols; i++) x[i] = (float)((double)(rng_next(&s) >> 11) / 9007199254740992.0 - 0.5);
+    for (size_t i = 0; i < MAXTOK * maxcols; i++) x[i] = (float)((double)(rng_next(&s) >> 11) / 9007199254740992.0 - 0.5);
 
     /* sanity: the selected level gives the scalar bits on every bench matrix */
-    for (int ci = 0; ci < 3; ci++) {
-        size_t rows = cases[ci].is_mxfp4 ? cases[ci].m[0].rows : brows;
-        if (cases[ci].is_mxfp4) {
-            matmul_mxfp4(best, &cases[ci].m[0], x, 1, y);
-            matmul_mxfp4(scalar, &cases[ci].m[0], x, 1, y2);
+    for (int ci = 0; ci < NCASES; ci++) {
+        const bench_case *c = &cases[ci];
+        size_t rows = c->is_mxfp4 ? c->m[0].rows : brows;
+        if (c->is_mxfp4) {
+            matmul_mxfp4(best, &c->m[0], x, c->ntok, y);
+            matmul_mxfp4(scalar, &c->m[0], x, c->ntok, y2);
         } else {
-            matmul_dense(best, &cases[ci].d, x, 1, y);
-            matmul_dense(scalar, &cases[ci].d, x, 1, y2);
+            matmul_dense(best, &c->d, x, c->ntok, y);
+            matmul_dense(scalar, &c->d, x, c->ntok, y2);
         }
-        if (memcmp(y, y2, rows * sizeof *y) != 0) {
+        if (memcmp(y, y2, c->ntok * rows * sizeof *y) != 0) {
             fprintf(stderr, "bench_kernels: %s: %s differs from scalar!\n", cases[ci].what, best->name);
             return 1;
         }
@@ -197,14 +204,14 @@ int main(int argc, char **argv) {
 
     printf("read bandwidth (sum over %zu MiB, best of runs): 1 thread %.1f GB/s, %d threads %.1f GB/s\n", bw_bytes >> 20,
            bw1, nthr_all, bwn);
-    printf("matrix-vector, 1 token, best of 5 batches; MXFP4 cycles through %zu distinct copies (%.0f MB) so the\n"
+    printf("1 token unless noted, best of 10 batches; MXFP4 cycles through %zu distinct copies (%.0f MB) so the\n"
            "weights come from memory as for distinct experts; %% of read BW is against the same thread count.\n\n",
            ncopies, (double)(ncopies * cases[1].bytes) / 1e6);
     printf("| kernel | shape (rows x cols) | weight MB | level | threads | ms/call | GB/s | %% of read BW |\n");
     printf("|---|---|---|---|---|---|---|---|\n");
     const kernels *lv[2] = {best, scalar};
     const int nthr[2] = {1, nthr_all};
-    for (int ci = 0; ci < 3; ci++)
+    for (int ci = 0; ci < NCASES; ci++)
         for (int li = 0; li < (best == scalar ? 1 : 2); li++)
             for (int ti = 0; ti < (nthr_all > 1 ? 2 : 1); ti++) {
                 const bench_case *c = &cases[ci];

@@ -68,7 +68,7 @@ unit: $(UNIT_BINS)
 asan:
 	$(MAKE) BUILD=build-asan BIN=bin-asan OPT=-O1 \
 	  EXTRA_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
-	  LDLIBS="-fsanitize=address,undefined $(LDLIBS)" unit bin-asan/k3
+	  LDLIBS="-fsanitize=address,undefined $(LDLIBS)" unit bin-asan/k3 bin-asan/k3-expertd
 	K3_BIN=bin-asan/k3 tests/asan_gate.sh
 
 fuzz:

@@ -159,8 +159,11 @@ int checkpoint_shard_fd(checkpoint *ck, int shard, k3_error *err) {
         s->fd = open(s->file.path, O_RDONLY | O_CLOEXEC);
         if (s->fd < 0) return k3_fail(err, "%s: cannot open: %s", s->file.path, strerror(errno));
         off_t size = lseek(s->fd, 0, SEEK_END);
-        if (size < 0 || (uint64_t)size != s->file.file_size)
+        if (size < 0 || (uint64_t)size != s->file.file_size) {
+            close(s->fd);
+            s->fd = -1;
             return k3_fail(err, "%s: file changed size since its header was read", s->file.path);
+        }
     }
     return s->fd;
 }

@@ -161,9 +161,12 @@ int config_parse(const char *text, size_t len, const char *path, k3_config *cfg,
     if (lac && !json_is_object(lac)) { k3_fail(err, "%s: 'linear_attn_config' must be an object", path); goto out; }
     c.linear = lac;
 
-    json_t *tie = json_object_get(root, "tie_word_embeddings");
-    if (!tie && text_cfg) tie = json_object_get(text_cfg, "tie_word_embeddings");
-    if (tie && !json_is_false(tie)) { k3_fail(err, "%s: 'tie_word_embeddings' must be false (K3 has an untied lm_head)", path); goto out; }
+    json_t *ties[2] = {json_object_get(root, "tie_word_embeddings"), text_cfg ? json_object_get(text_cfg, "tie_word_embeddings") : NULL};
+    for (int i = 0; i < 2; i++)
+        if (ties[i] && !json_is_false(ties[i])) {
+            k3_fail(err, "%s: '%stie_word_embeddings' must be false (K3 has an untied lm_head)", path, i ? "text_config." : "");
+            goto out;
+        }
 
     int use_nope, full_rank_gate, n_kv_heads;
     if (req_int(&c, "hidden_size", 0, 1, MAX_DIM, &cfg->hidden_size) ||

@@ -8,7 +8,7 @@
 typedef struct {
     k3_model *m;
     trunk_unit *unit;    /* where big tensors are being collected, or NULL */
-    const char *prefix;  /* "language_model.model." or "model." */
+    const char *prefix;  /* "language_model.model." */
     k3_error *err;
     char name[512];
 } loader;
@@ -190,17 +190,10 @@ int model_load(const char *dir, k3_model *m, k3_error *err) {
     int rc = -1;
     const k3_config *c = &m->cfg;
     size_t E = (size_t)c->hidden_size, V = (size_t)c->vocab_size;
-    const char *lm_name;
-    if (checkpoint_find(&m->ck, "language_model.model.embed_tokens.weight")) {
-        ld.prefix = "language_model.model.";
-        lm_name = "language_model.lm_head.weight";
-    } else if (checkpoint_find(&m->ck, "model.embed_tokens.weight")) {
-        ld.prefix = "model.";
-        lm_name = "lm_head.weight";
-    } else {
-        k3_fail(err, "%s: missing tensor 'language_model.model.embed_tokens.weight'", dir);
-        goto out;
-    }
+    /* Names carry the release prefix (K3-MODEL.md section 2); expert servers look
+     * their experts up under the same prefix. */
+    const char *lm_name = "language_model.lm_head.weight";
+    ld.prefix = "language_model.model.";
     if (DENSE(&ld, &m->embed, V, E, "embed_tokens.weight")) goto out;
     m->embed_entry = checkpoint_find(&m->ck, ld.name);
     m->lm_head_entry = checkpoint_find(&m->ck, lm_name);

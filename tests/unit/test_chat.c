@@ -977,41 +977,35 @@ static void test_sessions(test_engine *te) {
     chat_ids_free(&gm);
 }
 
-static size_t count_lines(const char *s) {
-    size_t n = 0;
-    for (; *s; s++) n += *s == '\n';
-    return n;
+/* Runs chat_repl on input; returns its status, output and log (malloc'd). */
+static int repl_run(test_engine *te, const chat_options *o, const char *input, size_t len, char **out, char **log) {
+    size_t olen = 0, llen = 0;
+    FILE *in = fmemopen((void *)input, len, "r");
+    FILE *fo = open_memstream(out, &olen), *fl = open_memstream(log, &llen);
+    if (!in || !fo || !fl) die("streams");
+    int rc = chat_repl(&te->en, te->tok, o, in, fo, fl);
+    fclose(in);
+    fclose(fo);
+    fclose(fl);
+    return rc;
 }
 
 static void test_repl(test_engine *te) {
     static const char input[] = "Hello\n\n   /help  \nHow are you?\r\n\xC3(\n/reset\nHello\n /exit\nnever read\n";
-    FILE *in = fmemopen((void *)input, sizeof input - 1, "r");
-    char *obuf = NULL, *lbuf = NULL;
-    size_t olen = 0, llen = 0;
-    FILE *out = open_memstream(&obuf, &olen), *log = open_memstream(&lbuf, &llen);
-    if (!in || !out || !log) die("streams");
     chat_options o;
     chat_options_default(&o);
     o.max_tokens = 5;
     o.thinking = 0;
-    int rc = chat_repl(&te->en, te->tok, &o, in, out, log);
-    fclose(in);
-    fclose(out);
-    fclose(log);
+    /* a one-turn session gives the first reply (replies may hold newlines: compare whole outputs) */
+    char *one = NULL, *onelog = NULL, *obuf = NULL, *lbuf = NULL;
+    int rc = repl_run(te, &o, "Hello\n", 6, &one, &onelog);
+    CHECK(rc == 0 && strlen(one) >= 1 && one[strlen(one) - 1] == '\n', "one-turn REPL: %d", rc);
+    rc = repl_run(te, &o, input, sizeof input - 1, &obuf, &lbuf);
     CHECK(rc == 0, "chat_repl returned %d; log:\n%s", rc, lbuf);
-    /* lines: reply 1, help, reply 2, reply 3 */
-    CHECK(count_lines(obuf) >= 4, "REPL output:\n%s", obuf);
-    char *l1 = obuf, *nl = strchr(l1, '\n');
-    char *l2 = nl ? nl + 1 : NULL;
-    CHECK(l2 && !strncmp(l2, "one line = one message", 22), "help line missing:\n%s", obuf);
-    /* reply 1 == reply 3 (after /reset): compare the first and the last line */
-    size_t len = strlen(obuf);
-    if (len >= 2) {
-        char *end = obuf + len - 1, *p = end;
-        while (p > obuf && p[-1] != '\n') p--;
-        size_t first = (size_t)(nl - l1), last = (size_t)(end - p);
-        CHECK(first == last && !memcmp(l1, p, first), "reply after /reset differs:\n%s", obuf);
-    }
+    size_t n1 = strlen(one), n = strlen(obuf);
+    CHECK(n > 2 * n1 && !strncmp(obuf, one, n1), "REPL output does not start with the first reply:\n%s", obuf);
+    CHECK(n > 2 * n1 && !strcmp(obuf + n - n1, one), "the reply after /reset differs:\n%s", obuf);
+    CHECK(n > n1 && !strncmp(obuf + n1, "one line = one message", 22), "help line missing:\n%s", obuf);
     CHECK(strstr(lbuf, "conversation reset") && strstr(lbuf, "message ignored") && strstr(lbuf, "UTF-8") &&
               strstr(lbuf, "[turn 1:") && strstr(lbuf, "[turn 2:") && strstr(lbuf, "template k3, no thinking"),
           "REPL log:\n%s", lbuf);
@@ -1019,37 +1013,24 @@ static void test_repl(test_engine *te) {
     size_t turns = 0;
     for (const char *q = lbuf; (q = strstr(q, "[turn ")); q++) turns++;
     CHECK(turns == 3, "%zu turns in the log:\n%s", turns, lbuf);
+    free(onelog);
     free(obuf);
     free(lbuf);
 
-    /* refused options: status 2, message on the log */
-    in = fmemopen((void *)input, sizeof input - 1, "r");
-    out = open_memstream(&obuf, &olen);
-    log = open_memstream(&lbuf, &llen);
-    if (!in || !out || !log) die("streams");
+    /* refused options: status 2, message on the log, nothing printed */
     o.tmpl = CHAT_TEMPLATE_K2;
-    rc = chat_repl(&te->en, te->tok, &o, in, out, log);
-    fclose(in);
-    fclose(out);
-    fclose(log);
-    CHECK(rc == 2 && strstr(lbuf, "<|im_user|>") && olen == 0, "K2 REPL on m13: %d, '%s'", rc, lbuf);
+    rc = repl_run(te, &o, input, sizeof input - 1, &obuf, &lbuf);
+    CHECK(rc == 2 && strstr(lbuf, "<|im_user|>") && obuf[0] == 0, "K2 REPL on m13: %d, '%s'", rc, lbuf);
     free(obuf);
     free(lbuf);
-    /* EOF without a final newline */
-    static const char last[] = "Hi";
-    in = fmemopen((void *)last, 2, "r");
-    out = open_memstream(&obuf, &olen);
-    log = open_memstream(&lbuf, &llen);
-    if (!in || !out || !log) die("streams");
+    /* EOF without a final newline; no stats */
     o.tmpl = CHAT_TEMPLATE_AUTO;
     o.stats = 0;
-    rc = chat_repl(&te->en, te->tok, &o, in, out, log);
-    fclose(in);
-    fclose(out);
-    fclose(log);
-    CHECK(rc == 0 && count_lines(obuf) == 1 && !strstr(lbuf, "[turn"), "last line without newline: %d", rc);
+    rc = repl_run(te, &o, "Hello", 5, &obuf, &lbuf);
+    CHECK(rc == 0 && !strcmp(obuf, one) && !strstr(lbuf, "[turn"), "last line without newline: %d", rc);
     free(obuf);
     free(lbuf);
+    free(one);
 }
 
 /* ------------------------------------------------------------------ driver */

@@ -297,7 +297,7 @@ static void print_stats(const chat_session *s, const chat_turn_stats *ts, size_t
         else snprintf(why, sizeof why, "stop id %d", ts->stop_id);
     }
     double pre = ts->prefill_s > 0 ? (double)ts->n_fed / ts->prefill_s : 0;
-    /* decode rate: the generated ids that were fed back (all but the last) per second */
+    /* reply rate: generated ids per second of the reply loop (picks, and feeding all but the last) */
     double dec = ts->decode_s > 0 ? (double)ts->n_gen / ts->decode_s : 0;
     fprintf(log,
             "k3: [turn %zu: fed %zu tokens in %.3f s (%.1f tok/s); replied %zu tokens in %.3f s (%.2f tok/s); "

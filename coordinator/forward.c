@@ -77,20 +77,18 @@ int forward_chunk(engine *en, seq_state *st, const int32_t *tokens, size_t T, si
             p_valid = 0;
         }
         for (size_t t = 0; t < T; t++) rmsnorm(xn + t * E, h + t * E, lw->input_norm, E, c->rms_norm_eps);
-        if (trunk_acquire_unit(en->trunk, lw->attn_unit, err)) goto out;
-        int bad = lw->is_mla ? mla_forward(k, c, &lw->mla, &st->mla[l], st->pos, xn, T, a, err)
-                             : kda_forward(k, c, &lw->kda, &st->kda[l], xn, T, a, err);
-        trunk_release_unit(en->trunk, lw->attn_unit);
+        int bad = lw->is_mla ? mla_forward(en->trunk, k, c, &lw->mla, &st->mla[l], st->pos, xn, T, a, err)
+                             : kda_forward(en->trunk, k, c, &lw->kda, &st->kda[l], xn, T, a, err);
+        trunk_release_current(en->trunk);
         if (bad) goto out;
         if (p_valid) for (size_t i = 0; i < T * E; i++) P[i] += a[i];
         else memcpy(P, a, T * E * sizeof *P);
         p_valid = 1;
         mix_chunk(blocks, nb, P, 0, T, E, lw->mlp_res_w, c->rms_norm_eps, h);
         for (size_t t = 0; t < T; t++) rmsnorm(xn + t * E, h + t * E, lw->post_norm, E, c->rms_norm_eps);
-        if (trunk_acquire_unit(en->trunk, lw->ffn_unit, err)) goto out;
-        bad = lw->is_moe ? moe_forward(k, c, &lw->moe, l, en->experts, xn, T, a, trace, err)
-                         : mlp_forward(k, c, &lw->mlp, xn, T, a, err);
-        trunk_release_unit(en->trunk, lw->ffn_unit);
+        bad = lw->is_moe ? moe_forward(en->trunk, k, c, &lw->moe, l, en->experts, xn, T, a, trace, err)
+                         : mlp_forward(en->trunk, k, c, &lw->mlp, xn, T, a, err);
+        trunk_release_current(en->trunk);
         if (bad) goto out;
         if (trace && lw->is_moe)
             for (size_t t = 0; t < T; t++)

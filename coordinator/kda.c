@@ -55,7 +55,7 @@ static void kda_head_step(float *S, const float *q, const float *kv, const float
     for (size_t m = 0; m < D; m++) o[m] = (float)oacc[m];
 }
 
-int kda_forward(const kernels *k, const k3_config *c, const kda_weights *w, kda_state *st, const float *x, size_t T,
+int kda_forward(trunk *tr, const kernels *k, const k3_config *c, const kda_weights *w, kda_state *st, const float *x, size_t T,
                 float *out, k3_error *err) {
     size_t H = (size_t)c->kda_num_heads, D = (size_t)c->kda_head_dim, P = H * D, K = (size_t)c->short_conv_kernel_size;
     float *q = malloc(T * P * sizeof *q), *kk = malloc(T * P * sizeof *kk), *v = malloc(T * P * sizeof *v);
@@ -63,13 +63,13 @@ int kda_forward(const kernels *k, const k3_config *c, const kda_weights *w, kda_
     float *gate = malloc(T * P * sizeof *gate), *o = malloc(T * P * sizeof *o);
     int rc = -1;
     if (!q || !kk || !v || !fa || !z || !b || !gate || !o) { k3_fail(err, "out of memory in KDA"); goto out; }
-    matmul_dense(k, &w->q, x, T, q);
-    matmul_dense(k, &w->k, x, T, kk);
-    matmul_dense(k, &w->v, x, T, v);
-    matmul_dense(k, &w->f_a, x, T, fa);
-    matmul_dense(k, &w->f_b, fa, T, z);
-    matmul_dense(k, &w->b, x, T, b);
-    matmul_dense(k, &w->g, x, T, gate);
+    if (trunk_matmul(tr, k, &w->q, x, T, q, err)) goto out;
+    if (trunk_matmul(tr, k, &w->k, x, T, kk, err)) goto out;
+    if (trunk_matmul(tr, k, &w->v, x, T, v, err)) goto out;
+    if (trunk_matmul(tr, k, &w->f_a, x, T, fa, err)) goto out;
+    if (trunk_matmul(tr, k, &w->f_b, fa, T, z, err)) goto out;
+    if (trunk_matmul(tr, k, &w->b, x, T, b, err)) goto out;
+    if (trunk_matmul(tr, k, &w->g, x, T, gate, err)) goto out;
     size_t hist = (K - 1) * P;
     if (conv_silu(q, st->conv, w->conv_q, T, P, K, err) || conv_silu(kk, st->conv + hist, w->conv_k, T, P, K, err) ||
         conv_silu(v, st->conv + 2 * hist, w->conv_v, T, P, K, err))
@@ -99,7 +99,7 @@ int kda_forward(const kernels *k, const k3_config *c, const kda_weights *w, kda_
         free(alpha);
     }
     if (failed) { k3_fail(err, "out of memory in KDA heads"); goto out; }
-    matmul_dense(k, &w->o, o, T, out);
+    if (trunk_matmul(tr, k, &w->o, o, T, out, err)) goto out;
     rc = 0;
 out:
     free(q); free(kk); free(v); free(fa); free(z); free(b); free(gate); free(o);

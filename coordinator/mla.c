@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int mla_forward(const kernels *k, const k3_config *c, const mla_weights *w, mla_state *st, size_t pos, const float *x,
+int mla_forward(trunk *tr, const kernels *k, const k3_config *c, const mla_weights *w, mla_state *st, size_t pos, const float *x,
                 size_t T, float *out, k3_error *err) {
     size_t H = (size_t)c->num_attention_heads, qr = (size_t)c->q_lora_rank, kr = (size_t)c->kv_lora_rank,
            nope = (size_t)c->qk_nope_head_dim, rope = (size_t)c->qk_rope_head_dim, vd = (size_t)c->v_head_dim;
@@ -24,16 +24,17 @@ int mla_forward(const kernels *k, const k3_config *c, const mla_weights *w, mla_
     int rc = -1;
     if (!qa || !q || !ckv || !o || (c->mla_use_output_gate && !gate)) { k3_fail(err, "out of memory in MLA"); goto out; }
     if (pos + T > st->cap) { k3_fail(err, "MLA cache has no room for position %zu", pos + T - 1); goto out; }
-    matmul_dense(k, &w->q_a, x, T, qa);
+    if (trunk_matmul(tr, k, &w->q_a, x, T, qa, err)) goto out;
     for (size_t t = 0; t < T; t++) rmsnorm(qa + t * qr, qa + t * qr, w->q_a_norm, qr, MLA_LATENT_NORM_EPS);
-    matmul_dense(k, &w->q_b, qa, T, q);
-    matmul_dense(k, &w->kv_a, x, T, ckv);
+    if (trunk_matmul(tr, k, &w->q_b, qa, T, q, err)) goto out;
+    if (trunk_matmul(tr, k, &w->kv_a, x, T, ckv, err)) goto out;
     for (size_t t = 0; t < T; t++) {
         float *dst = st->cache + (pos + t) * row;
         rmsnorm(dst, ckv + t * row, w->kv_a_norm, kr, MLA_LATENT_NORM_EPS);
         memcpy(dst + kr, ckv + t * row + kr, rope * sizeof *dst); /* k_pe: not normalised, not rotated */
     }
-    if (c->mla_use_output_gate) matmul_dense(k, &w->g, x, T, gate);
+    if (c->mla_use_output_gate && trunk_matmul(tr, k, &w->g, x, T, gate, err)) goto out;
+    if (trunk_need(tr, &w->kv_b, err)) goto out; /* read by every head below */
     int failed = 0;
 #pragma omp parallel for schedule(static)
     for (size_t h = 0; h < H; h++) {
@@ -76,7 +77,7 @@ int mla_forward(const kernels *k, const k3_config *c, const mla_weights *w, mla_
         free(ctxf);
     }
     if (failed) { k3_fail(err, "out of memory in MLA heads"); goto out; }
-    matmul_dense(k, &w->o, o, T, out);
+    if (trunk_matmul(tr, k, &w->o, o, T, out, err)) goto out;
     rc = 0;
 out:
     free(qa); free(q); free(ckv); free(o); free(gate);

@@ -16,18 +16,21 @@ float dense_row_dot(const kernels *k, const dense_weight *W, size_t r, const flo
     return k->dot_bf16((const uint16_t *)W->data + r * W->cols, x, W->cols);
 }
 
-int mlp_forward(const kernels *k, const k3_config *c, const mlp_weights *w, const float *x, size_t T, float *out,
-                k3_error *err) {
+int mlp_forward(trunk *tr, const kernels *k, const k3_config *c, const mlp_weights *w, const float *x, size_t T,
+                float *out, k3_error *err) {
     size_t I = w->gate.rows;
+    int rc = -1;
     float *g = malloc(T * I * sizeof *g), *u = malloc(T * I * sizeof *u);
-    if (!g || !u) { free(g); free(u); return k3_fail(err, "out of memory in MLP"); }
-    matmul_dense(k, &w->gate, x, T, g);
-    matmul_dense(k, &w->up, x, T, u);
+    if (!g || !u) { k3_fail(err, "out of memory in MLP"); goto out; }
+    if (trunk_matmul(tr, k, &w->gate, x, T, g, err)) goto out;
+    if (trunk_matmul(tr, k, &w->up, x, T, u, err)) goto out;
     situ_glu(g, g, u, T * I, c->situ_beta, c->situ_linear_beta);
-    matmul_dense(k, &w->down, g, T, out);
+    if (trunk_matmul(tr, k, &w->down, g, T, out, err)) goto out;
+    rc = 0;
+out:
     free(g);
     free(u);
-    return 0;
+    return rc;
 }
 
 /* a ranks before b: higher key, or equal key and lower id. */
@@ -67,7 +70,7 @@ void moe_combine(const double *weights, const float *y, size_t K, size_t L, floa
     }
 }
 
-int moe_forward(const kernels *k, const k3_config *c, const moe_weights *w, int layer, expert_backend *eb,
+int moe_forward(trunk *tr, const kernels *k, const k3_config *c, const moe_weights *w, int layer, expert_backend *eb,
                 const float *x, size_t T, float *out, int32_t *trace, k3_error *err) {
     size_t N = (size_t)c->num_experts, K = (size_t)c->num_experts_per_token, L = (size_t)c->routed_expert_hidden_size,
            E = (size_t)c->hidden_size;
@@ -79,23 +82,23 @@ int moe_forward(const kernels *k, const k3_config *c, const moe_weights *w, int 
     int rc = -1;
     if (!logits || !z || !y || !acc || !shared || !ptok || !pexp || !wts) { k3_fail(err, "out of memory in MoE layer %d", layer); goto out; }
     /* 1-3: router on the FULL-width input */
-    matmul_dense(k, &w->router, x, T, logits);
+    if (trunk_matmul(tr, k, &w->router, x, T, logits, err)) goto out;
     for (size_t t = 0; t < T; t++) {
         moe_route(c, logits + t * N, w->router_bias, pexp + t * K, wts + t * K);
         for (size_t j = 0; j < K; j++) ptok[t * K + j] = (int32_t)t;
         if (trace) memcpy(trace + t * K, pexp + t * K, K * sizeof *trace);
     }
     /* 4-5: latent down-projection, experts, combine in top-k order */
-    matmul_dense(k, &w->lat_down, x, T, z);
+    if (trunk_matmul(tr, k, &w->lat_down, x, T, z, err)) goto out;
     if (eb->run(eb, layer, z, T, ptok, pexp, T * K, y, err)) goto out;
     for (size_t t = 0; t < T; t++) moe_combine(wts + t * K, y + t * K * L, K, L, acc + t * L);
     /* 6: latent norm on the AGGREGATE, then up-projection */
     if (c->latent_moe_use_norm)
         for (size_t t = 0; t < T; t++) rmsnorm(acc + t * L, acc + t * L, w->lat_norm, L, c->rms_norm_eps);
-    matmul_dense(k, &w->lat_up, acc, T, out);
+    if (trunk_matmul(tr, k, &w->lat_up, acc, T, out, err)) goto out;
     /* 7: shared experts on the ORIGINAL input, unweighted */
     if (c->num_shared_experts > 0) {
-        if (mlp_forward(k, c, &w->shared, x, T, shared, err)) goto out;
+        if (mlp_forward(tr, k, c, &w->shared, x, T, shared, err)) goto out;
         for (size_t i = 0; i < T * E; i++) out[i] += shared[i];
     }
     rc = 0;

@@ -54,6 +54,13 @@ static int get_dense_e(loader *ld, const ckpt_entry *e, size_t rows, size_t cols
     if (!e || check_float_dtype(ld, e) || check_shape(ld, e, 2, (uint64_t[]){rows, cols})) return -1;
     *w = (dense_weight){e->t->dtype == ST_F32 ? DTYPE_F32 : DTYPE_BF16, rows, cols, NULL};
     trunk_unit *u = ld->unit;
+    uint64_t bytes = e->t->end - e->t->begin;
+    if (u && u->n > 0 && u->bytes + bytes > ld->m->max_unit_bytes) { /* part too big for one unit: split */
+        k3_model *m = ld->m;
+        trunk_unit *nu = &m->units[m->n_units++];
+        snprintf(nu->label, sizeof nu->label, "%.40s+", u->label);
+        ld->unit = u = nu;
+    }
     if (u) {
         if (u->n == UNIT_MAX_TENSORS) return k3_fail(ld->err, "internal: too many tensors in %s", u->label);
         u->w[u->n] = w;
@@ -65,11 +72,22 @@ static int get_dense_e(loader *ld, const ckpt_entry *e, size_t rows, size_t cols
 }
 
 /* Starts collecting the big tensors of one layer part into a new unit. */
-static void begin_unit(loader *ld, int *index, const char *fmt, int layer) {
+static void begin_unit(loader *ld, const char *fmt, int layer) {
     k3_model *m = ld->m;
-    *index = m->n_units++;
-    ld->unit = &m->units[*index];
+    ld->unit = &m->units[m->n_units++];
     snprintf(ld->unit->label, sizeof ld->unit->label, fmt, layer);
+}
+
+/* The largest single trunk matrix (not an expert, not embedding / lm head):
+ * units never exceed it, so it sets the streaming slot size. */
+static uint64_t largest_trunk_tensor(const checkpoint *ck) {
+    uint64_t mx = 0;
+    for (size_t i = 0; i < ck->n_entries; i++) {
+        const ckpt_entry *e = &ck->entries[i];
+        if (strstr(e->name, ".experts.") || strstr(e->name, "embed_tokens") || strstr(e->name, "lm_head")) continue;
+        if (e->t->end - e->t->begin > mx) mx = e->t->end - e->t->begin;
+    }
+    return mx;
 }
 
 #define DENSE(ld, w, rows, cols, ...) get_dense_e(ld, find_tensor(ld, __VA_ARGS__), rows, cols, w)
@@ -154,13 +172,15 @@ static int load_mla(loader *ld, mla_weights *w, int l) {
     size_t E = (size_t)c->hidden_size, H = (size_t)c->num_attention_heads, qr = (size_t)c->q_lora_rank,
            kr = (size_t)c->kv_lora_rank, nope = (size_t)c->qk_nope_head_dim, rope = (size_t)c->qk_rope_head_dim,
            vd = (size_t)c->v_head_dim;
+    /* registered in the order mla_forward uses them (the trunk walk order) */
     if (DENSE(ld, &w->q_a, qr, E, "layers.%d.self_attn.q_a_proj.weight", l) ||
         DENSE(ld, &w->q_b, H * (nope + rope), qr, "layers.%d.self_attn.q_b_proj.weight", l) ||
-        DENSE(ld, &w->kv_a, kr + rope, E, "layers.%d.self_attn.kv_a_proj_with_mqa.weight", l) ||
-        DENSE(ld, &w->kv_b, H * (nope + vd), kr, "layers.%d.self_attn.kv_b_proj.weight", l) ||
-        DENSE(ld, &w->o, E, H * vd, "layers.%d.self_attn.o_proj.weight", l))
+        DENSE(ld, &w->kv_a, kr + rope, E, "layers.%d.self_attn.kv_a_proj_with_mqa.weight", l))
         return -1;
     if (c->mla_use_output_gate && DENSE(ld, &w->g, H * vd, E, "layers.%d.self_attn.g_proj.weight", l)) return -1;
+    if (DENSE(ld, &w->kv_b, H * (nope + vd), kr, "layers.%d.self_attn.kv_b_proj.weight", l) ||
+        DENSE(ld, &w->o, E, H * vd, "layers.%d.self_attn.o_proj.weight", l))
+        return -1;
     if (!(w->q_a_norm = VEC(ld, qr, "layers.%d.self_attn.q_a_layernorm.weight", l)) ||
         !(w->kv_a_norm = VEC(ld, kr, "layers.%d.self_attn.kv_a_layernorm.weight", l)))
         return -1;
@@ -202,7 +222,8 @@ int model_load(const char *dir, k3_model *m, k3_error *err) {
     if (!(m->final_norm = VEC(&ld, E, "norm.weight"))) goto out;
     if (!(m->out_res_w = get_attn_res(&ld, "output_attn_res_norm.weight", "output_attn_res_proj.weight", -1))) goto out;
     m->layers = calloc((size_t)c->num_hidden_layers, sizeof *m->layers);
-    m->units = calloc(2 * (size_t)c->num_hidden_layers, sizeof *m->units);
+    m->units = calloc(2 * (size_t)c->num_hidden_layers * UNIT_MAX_TENSORS, sizeof *m->units);
+    m->max_unit_bytes = largest_trunk_tensor(&m->ck);
     if (!m->layers || !m->units) { k3_fail(err, "out of memory"); goto out; }
     for (int l = 0; l < c->num_hidden_layers; l++) {
         layer_weights *lw = &m->layers[l];
@@ -213,9 +234,9 @@ int model_load(const char *dir, k3_model *m, k3_error *err) {
             !(lw->attn_res_w = get_attn_res(&ld, "self_attention_res_norm.weight", "self_attention_res_proj.weight", l)) ||
             !(lw->mlp_res_w = get_attn_res(&ld, "mlp_res_norm.weight", "mlp_res_proj.weight", l)))
             goto out;
-        begin_unit(&ld, &lw->attn_unit, lw->is_mla ? "layer %d MLA" : "layer %d KDA", l);
+        begin_unit(&ld, lw->is_mla ? "layer %d MLA" : "layer %d KDA", l);
         if (lw->is_mla ? load_mla(&ld, &lw->mla, l) : load_kda(&ld, &lw->kda, l)) goto out;
-        begin_unit(&ld, &lw->ffn_unit, lw->is_moe ? "layer %d MoE" : "layer %d MLP", l);
+        begin_unit(&ld, lw->is_moe ? "layer %d MoE" : "layer %d MLP", l);
         if (lw->is_moe ? load_moe(&ld, &lw->moe, l) : load_mlp(&ld, &lw->mlp, E, (size_t)c->intermediate_size, l, "mlp"))
             goto out;
         ld.unit = NULL;

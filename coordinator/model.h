@@ -7,6 +7,7 @@
  * trunk_unit (the tensors of one layer's attention, or of its FFN) whose bytes
  * the trunk streamer (trunk.h) reads into pinned memory or a streaming slot;
  * a dense_weight's data pointer is NULL except while its unit is acquired.
+ * Tensors are registered in the order the layer code uses them.
  * Small vectors (norms, conv taps, biases, A_log) are read into owned float
  * arrays; the AttnRes norm*proj pair is folded into one double vector. The
  * embedding and lm head are located only (rows read on demand / in chunks). */
@@ -43,7 +44,9 @@ typedef struct {
 
 #define UNIT_MAX_TENSORS 8
 
-/* The big tensors of one layer part, read and released together. */
+/* Big trunk tensors read and released together: consecutive tensors of one layer
+ * part (attention or FFN) in the order the layer uses them, split so no unit is
+ * larger than the largest single trunk matrix. */
 typedef struct {
     int n;
     dense_weight *w[UNIT_MAX_TENSORS];   /* where each tensor's data pointer lives */
@@ -54,7 +57,6 @@ typedef struct {
 
 typedef struct {
     int is_mla, is_moe;
-    int attn_unit, ffn_unit;         /* indices into k3_model.units */
     double *attn_res_w, *mlp_res_w;  /* folded norm*proj, [E] */
     float *input_norm, *post_norm;   /* [E] */
     kda_weights kda;
@@ -69,8 +71,9 @@ typedef struct {
     expert_store experts;            /* locations of every routed expert */
     dense_weight embed, lm_head;     /* [vocab, E]; data NULL (see trunk.h) */
     const ckpt_entry *embed_entry, *lm_head_entry;
-    trunk_unit *units;               /* attention and FFN of every layer, in walk order */
+    trunk_unit *units;               /* every layer's trunk matrices, in walk (use) order */
     int n_units;
+    uint64_t max_unit_bytes;         /* the largest single trunk matrix */
     float *final_norm;               /* [E] */
     double *out_res_w;               /* folded output_attn_res_norm*proj */
     layer_weights *layers;

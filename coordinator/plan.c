@@ -44,40 +44,68 @@ static uint64_t expert_bytes_of(const k3_config *c) {
     return 3 * (I * (L / 2) + I * (L / 32)); /* w1, w3: [I, L]; w2: [L, I] (same byte count) */
 }
 
-/* Unit sizes from the config alone: BF16 trunk, each tensor with its alignment room. */
-static int config_walk(const k3_config *c, mem_plan *p, k3_error *err) {
+/* Trunk matrices of layer l in the order the layer code uses them (BF16 bytes). */
+static int layer_tensors(const k3_config *c, int l, uint64_t *out) {
     uint64_t E = (uint64_t)c->hidden_size, H = (uint64_t)c->kda_num_heads, D = (uint64_t)c->kda_head_dim, P = H * D;
     uint64_t Hm = (uint64_t)c->num_attention_heads, qr = (uint64_t)c->q_lora_rank, kr = (uint64_t)c->kv_lora_rank;
     uint64_t n = (uint64_t)c->qk_nope_head_dim, r = (uint64_t)c->qk_rope_head_dim, v = (uint64_t)c->v_head_dim;
     uint64_t N = (uint64_t)c->num_experts, L = (uint64_t)c->routed_expert_hidden_size;
     uint64_t Ish = (uint64_t)c->moe_intermediate_size * (uint64_t)c->num_shared_experts, Id = (uint64_t)c->intermediate_size;
-    uint64_t room = 3 * PAGE;
-    int layers = c->num_hidden_layers;
-    uint64_t mx = 0;
-    uint64_t *units = malloc(2 * (size_t)layers * sizeof *units);
-    if (!units) return k3_fail(err, "out of memory");
-    for (int l = 0; l < layers; l++) {
-        uint64_t a = c->layer_is_mla[l]
-                         ? 2 * (qr * E + Hm * (n + r) * qr + (kr + r) * E + Hm * (n + v) * kr + (c->mla_use_output_gate ? Hm * v * E : 0) + E * Hm * v) + 6 * room
-                         : 2 * (5 * P * E + D * E + P * D + H * E) + 8 * room;
-        uint64_t f = c->layer_is_moe[l] ? 2 * (N * E + 2 * L * E + 3 * Ish * E) + 6 * room : 2 * 3 * Id * E + 3 * room;
-        units[2 * l] = a;
-        units[2 * l + 1] = f;
-        if (a > mx) mx = a;
-        if (f > mx) mx = f;
+    int k = 0;
+    if (c->layer_is_mla[l]) {
+        out[k++] = qr * E; out[k++] = Hm * (n + r) * qr; out[k++] = (kr + r) * E;
+        if (c->mla_use_output_gate) out[k++] = Hm * v * E;
+        out[k++] = Hm * (n + v) * kr; out[k++] = E * Hm * v;
+    } else {
+        out[k++] = P * E; out[k++] = P * E; out[k++] = P * E; out[k++] = D * E; out[k++] = P * D; out[k++] = H * E;
+        out[k++] = P * E; out[k++] = E * P;
     }
-    uint64_t V = (uint64_t)c->vocab_size, row = 2 * E;
-    p->lm_chunk_rows = (size_t)(mx / row ? mx / row : 1);
+    out[k++] = -1ull; /* part boundary */
+    if (c->layer_is_moe[l]) {
+        out[k++] = N * E; out[k++] = L * E; out[k++] = E * L;
+        if (Ish) { out[k++] = Ish * E; out[k++] = Ish * E; out[k++] = E * Ish; }
+    } else {
+        out[k++] = Id * E; out[k++] = Id * E; out[k++] = E * Id;
+    }
+    for (int i = 0; i < k; i++) if (out[i] != -1ull) out[i] *= 2;
+    return k;
+}
+
+/* Unit sizes from the config alone (BF16 trunk), grouped exactly as model.c does:
+ * consecutive matrices of one layer part, no unit above the largest matrix. */
+static int config_walk(const k3_config *c, mem_plan *p, k3_error *err) {
+    int layers = c->num_hidden_layers;
+    uint64_t t[32], mx = 0;
+    for (int l = 0; l < layers; l++) {
+        int k = layer_tensors(c, l, t);
+        for (int i = 0; i < k; i++) if (t[i] != -1ull && t[i] > mx) mx = t[i];
+    }
+    uint64_t *units = malloc(32 * (size_t)layers * sizeof *units), biggest = 0;
+    if (!units) return k3_fail(err, "out of memory");
+    int nu = 0;
+    for (int l = 0; l < layers; l++) {
+        int k = layer_tensors(c, l, t);
+        uint64_t raw = 0, reg = 0;
+        for (int i = 0; i <= k; i++) {
+            int boundary = i == k || t[i] == -1ull;
+            if (!boundary && (raw == 0 || raw + t[i] <= mx)) { raw += t[i]; reg += RU(t[i] + 2 * PAGE); continue; }
+            if (raw) { units[nu++] = reg; if (reg > biggest) biggest = reg; }
+            raw = reg = 0;
+            if (!boundary) { raw = t[i]; reg = RU(t[i] + 2 * PAGE); }
+        }
+    }
+    uint64_t V = (uint64_t)c->vocab_size, row = 2 * (uint64_t)c->hidden_size;
+    p->lm_chunk_rows = (size_t)(biggest / row ? biggest / row : 1);
     if (p->lm_chunk_rows > V) p->lm_chunk_rows = (size_t)V;
     uint64_t n_lm = (V + p->lm_chunk_rows - 1) / p->lm_chunk_rows;
-    p->n_walk = 2 * layers + (int)n_lm;
+    p->n_walk = nu + (int)n_lm;
     p->walk_bytes = malloc((size_t)p->n_walk * sizeof *p->walk_bytes);
     if (!p->walk_bytes) { free(units); return k3_fail(err, "out of memory"); }
-    memcpy(p->walk_bytes, units, 2 * (size_t)layers * sizeof *units);
+    memcpy(p->walk_bytes, units, (size_t)nu * sizeof *units);
     free(units);
     for (uint64_t i = 0; i < n_lm; i++) {
         uint64_t rows = V - i * p->lm_chunk_rows < p->lm_chunk_rows ? V - i * p->lm_chunk_rows : p->lm_chunk_rows;
-        p->walk_bytes[2 * layers + i] = RU(rows * row + 2 * PAGE);
+        p->walk_bytes[nu + i] = RU(rows * row + 2 * PAGE);
     }
     return 0;
 }

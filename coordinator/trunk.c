@@ -35,6 +35,7 @@ struct trunk {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     uint64_t filled, consumed, released, bytes_streamed;
+    int cur_unit, next_unit;  /* trunk_need: unit held now (-1 none), next layer unit of the walk */
     int stop, reader_failed;
     k3_error reader_err;
 };
@@ -179,6 +180,7 @@ trunk *trunk_create(k3_model *m, const trunk_config *tc, k3_error *err) {
     t->n_pinned = tc->n_pinned_units < t->n_walk ? tc->n_pinned_units : t->n_walk;
     t->n_slots = t->n_pinned == t->n_walk ? 0 : tc->n_slots;
     t->direct_ok = 1;
+    t->cur_unit = -1;
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv, NULL);
     if (t->n_pinned < t->n_walk && t->n_slots < 2) {
@@ -295,9 +297,42 @@ void trunk_release_unit(trunk *t, int u) {
     release_walk(t, u);
 }
 
+static int unit_has(const trunk_unit *u, const dense_weight *w) {
+    for (int j = 0; j < u->n; j++)
+        if (u->w[j] == w) return 1;
+    return 0;
+}
+
+void trunk_release_current(trunk *t) {
+    if (t->cur_unit >= 0) trunk_release_unit(t, t->cur_unit);
+    t->cur_unit = -1;
+}
+
+int trunk_need(trunk *t, const dense_weight *w, k3_error *err) {
+    const k3_model *m = t->m;
+    if (t->cur_unit >= 0 && unit_has(&m->units[t->cur_unit], w)) return 0;
+    trunk_release_current(t);
+    int u = t->next_unit;
+    if (u >= m->n_units || !unit_has(&m->units[u], w))
+        return k3_fail(err, "trunk walk out of order: a tensor was needed that is not in the next unit (%s)",
+                       u < m->n_units ? m->units[u].label : "lm head");
+    if (trunk_acquire_unit(t, u, err)) return -1;
+    t->cur_unit = u;
+    t->next_unit = u + 1;
+    return 0;
+}
+
+int trunk_matmul(trunk *t, const kernels *k, const dense_weight *w, const float *x, size_t ntok, float *y, k3_error *err) {
+    if (trunk_need(t, w, err)) return -1;
+    matmul_dense(k, w, x, ntok, y);
+    return 0;
+}
+
 int trunk_lm_chunks(const trunk *t) { return t->n_lm; }
 
 int trunk_acquire_lm(trunk *t, int c, dense_weight *w, size_t *row0, k3_error *err) {
+    trunk_release_current(t);
+    if (t->next_unit != t->n_layer_units) return k3_fail(err, "trunk walk out of order: lm head before the last layer");
     const unit_buffer *ub = acquire_walk(t, t->n_layer_units + c, err);
     if (!ub) return -1;
     size_t V = (size_t)t->m->cfg.vocab_size, r0 = (size_t)c * t->lm_rows;
@@ -306,7 +341,10 @@ int trunk_acquire_lm(trunk *t, int c, dense_weight *w, size_t *row0, k3_error *e
     return 0;
 }
 
-void trunk_release_lm(trunk *t, int c) { release_walk(t, t->n_layer_units + c); }
+void trunk_release_lm(trunk *t, int c) {
+    release_walk(t, t->n_layer_units + c);
+    if (c == t->n_lm - 1) t->next_unit = 0; /* the walk starts over with the next pass */
+}
 
 int trunk_embed_row(trunk *t, int32_t token, float *out, k3_error *err) {
     const k3_model *m = t->m;

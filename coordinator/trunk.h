@@ -36,6 +36,14 @@ void trunk_free(trunk *t);
 /* Makes the tensors of layer unit u readable (waits for the reader if streamed). */
 int trunk_acquire_unit(trunk *t, int u, k3_error *err);
 void trunk_release_unit(trunk *t, int u);
+/* Layer code: make w readable before using it. If w is not in the unit held now,
+ * that unit is released and the next unit of the walk acquired; w must be in it
+ * (else an out-of-order error, never a wrong weight). */
+int trunk_need(trunk *t, const dense_weight *w, k3_error *err);
+/* trunk_need, then matmul_dense. */
+int trunk_matmul(trunk *t, const kernels *k, const dense_weight *w, const float *x, size_t ntok, float *y, k3_error *err);
+/* Releases the unit held by trunk_need, if any (end of a layer part). */
+void trunk_release_current(trunk *t);
 /* lm head: number of chunks, and chunk c as a dense weight over rows [row0, row0+rows). */
 int trunk_lm_chunks(const trunk *t);
 int trunk_acquire_lm(trunk *t, int c, dense_weight *w, size_t *row0, k3_error *err);

@@ -10,6 +10,8 @@
  * Exit status: 0 success, 2 usage error or refused model/input, 1 failure at run time.
  * Results go to stdout (ids) or the --json file; progress and logs to stderr. */
 #include "common/kernels.h"
+#include "coordinator/chat_repl.h"
+#include "coordinator/sampler.h"
 #include "coordinator/experts_local.h"
 #include "coordinator/generate.h"
 #include "coordinator/plan.h"
@@ -46,12 +48,29 @@ typedef struct {
     const char *preset;
     int list_presets, plan_only;
     long max_context;
+    /* sampling and chat */
+    sampler_config sampling;
+    int chat, thinking;
+    const char *system;
+    chat_template tmpl;
+    long max_tokens;
+    int32_t *stop_ids;
+    size_t n_stop_ids;
 } options;
 
 static void usage(FILE *f) {
     fprintf(f,
             "usage: k3 MODEL_DIR (--ids 1,2,3 | --prompt TEXT | --prompt-file FILE) [options]\n"
-            "  --gen N              tokens to generate greedily (default 16)\n"
+            "  --gen N              tokens to generate (default 16; greedy unless --temperature > 0)\n"
+            "  --temperature T      sample: T in [0, 100], 0 = greedy arg-max (default)\n"
+            "  --top-k K  --top-p P  --min-p M   filters when sampling (0 / 1 / 0 = off)\n"
+            "  --seed S             RNG seed for sampling (default 0; same seed, same ids everywhere)\n"
+            "  --stop-id N          also stop at token id N (repeatable or N,M,...)\n"
+            "  --chat               interactive chat on stdin/stdout (no prompt argument); /reset, /exit\n"
+            "  --system TEXT        chat: system message (\"\" = none)\n"
+            "  --thinking | --no-thinking   chat: K3 think or response section (default thinking)\n"
+            "  --template auto|k3|k2        chat template (default: from the tokenizer's specials)\n"
+            "  --max-tokens N       chat: tokens per reply at most (default 512)\n"
             "  --json FILE          write prompt_ids, generated_ids, tf_pred, timing, peak RSS as JSON\n"
             "  --dump-logits FILE   raw float32 logits of every position that predicts a token\n"
             "  --teacher-force      also report the arg-max at every prompt position (tf_pred)\n"
@@ -133,6 +152,12 @@ static int parse_args(int argc, char **argv, options *o) {
         {"plan-only", no_argument, 0, 'Y'},        {"max-context", required_argument, 0, 'C'},  {"dump-expert-trace", required_argument, 0, 'A'},
         {"tok", required_argument, 0, 'k'},        {"encode", required_argument, 0, 'e'},
         {"decode", required_argument, 0, 'd'},     {"no-special", no_argument, 0, 'n'},
+        {"temperature", required_argument, 0, 256}, {"top-k", required_argument, 0, 256},
+        {"top-p", required_argument, 0, 256},       {"min-p", required_argument, 0, 256},
+        {"seed", required_argument, 0, 256},        {"stop-id", required_argument, 0, 257},
+        {"chat", no_argument, 0, 258},              {"system", required_argument, 0, 259},
+        {"thinking", no_argument, 0, 260},          {"no-thinking", no_argument, 0, 261},
+        {"template", required_argument, 0, 262},    {"max-tokens", required_argument, 0, 263},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->gen = 16;
@@ -143,10 +168,35 @@ static int parse_args(int argc, char **argv, options *o) {
     o->timeout_ms = 30000;
     o->max_restarts = 3;
     o->numa = 1;
-    int ch;
+    sampler_config_default(&o->sampling);
+    o->thinking = 1;
+    o->max_tokens = 512;
+    int ch, li = -1;
+    char e[256];
     opterr = 0;
-    while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+    while ((ch = getopt_long(argc, argv, "h", longopts, &li)) != -1) {
         switch (ch) {
+        case 256:
+            if (sampler_parse_flag(&o->sampling, longopts[li].name, optarg, e, sizeof e)) { fprintf(stderr, "k3: %s\n", e); return -1; }
+            break;
+        case 257: {
+            int32_t *ids;
+            size_t n;
+            if (parse_ids(optarg, &ids, &n)) { fprintf(stderr, "k3: --stop-id wants a token id (or a comma-separated list), got '%s'\n", optarg); return -1; }
+            int32_t *all = realloc(o->stop_ids, (o->n_stop_ids + n) * sizeof *all);
+            if (!all) { free(ids); fprintf(stderr, "k3: out of memory\n"); return -1; }
+            memcpy(all + o->n_stop_ids, ids, n * sizeof *ids);
+            o->stop_ids = all;
+            o->n_stop_ids += n;
+            free(ids);
+            break;
+        }
+        case 258: o->chat = 1; break;
+        case 259: o->system = optarg; break;
+        case 260: o->thinking = 1; break;
+        case 261: o->thinking = 0; break;
+        case 262: if (chat_template_parse(optarg, &o->tmpl, e, sizeof e)) { fprintf(stderr, "k3: %s\n", e); return -1; } break;
+        case 263: if (num_opt("--max-tokens", optarg, 1, 1L << 24, &o->max_tokens)) return -1; break;
         case 'i': o->ids_arg = optarg; break;
         case 'p': o->prompt = optarg; break;
         case 'P': o->prompt_file = optarg; break;
@@ -216,6 +266,13 @@ static int parse_args(int argc, char **argv, options *o) {
     if (o->mem_gb > 0 && o->preset) { fprintf(stderr, "k3: give --mem-gb or --preset, not both\n"); return -1; }
     if (o->plan_only) return 0;
     int sources = !!o->ids_arg + !!o->prompt + !!o->prompt_file;
+    if (o->chat) {
+        if (sources || o->teacher_force || o->full_recompute || o->logits_path || o->json_path) {
+            fprintf(stderr, "k3: --chat reads the conversation from stdin: no --ids/--prompt/--prompt-file, --teacher-force, --full-recompute, --dump-logits or --json\n");
+            return -1;
+        }
+        return 0;
+    }
     if (sources != 1) { fprintf(stderr, "k3: give exactly one of --ids, --prompt, --prompt-file\n"); return -1; }
     return 0;
 }
@@ -253,7 +310,10 @@ static int run(engine *en, const options *o, run_result *r, k3_error *err) {
     r->rows = malloc((keep ? r->n_rows : 1) * V * sizeof *r->rows);
     if (!r->rows) { k3_fail(err, "out of memory for %zu rows of logits", r->n_rows); return EXIT_RUNTIME; }
     seq_state st;
-    if (seq_state_init(&st, c, err)) return EXIT_RUNTIME;
+    sampler smp;
+    char se[256];
+    if (sampler_init(&smp, &o->sampling, se, sizeof se)) { k3_fail(err, "%s", se); return EXIT_USAGE; }
+    if (seq_state_init(&st, c, err)) { sampler_free(&smp); return EXIT_RUNTIME; }
     int status = EXIT_RUNTIME;
     double t0 = now_s();
     int tty = isatty(2);
@@ -273,13 +333,18 @@ static int run(engine *en, const options *o, run_result *r, k3_error *err) {
             if (feed_tokens(en, &st, r->seq + pos, 1, 1, pos, row, err)) goto out;
         }
         if (N == 0) break;
-        int32_t next = argmax_logits(row, V);
+        int32_t next = sampler_pick(&smp, row, V);
+        if (next == SAMPLER_ENOMEM) { k3_fail(err, "out of memory in the sampler"); goto out; }
         if (next < 0) { k3_fail(err, "non-finite logits at position %zu: refusing to emit a token", pos); goto out; }
         r->seq[n + i] = next;
         r->n_gen = i + 1;
+        int stop = 0;
+        for (size_t j = 0; j < o->n_stop_ids; j++) stop |= next == o->stop_ids[j];
+        if (stop) break;
         if (tty) fprintf(stderr, "\rk3: generated %zu/%zu", i + 1, N);
     }
     if (tty && N) fprintf(stderr, "\n");
+    if (N > 0 && r->n_gen < N) r->n_rows = n + r->n_gen - 1 - r->first_pos; /* stopped early: rows computed */
     r->decode_s = now_s() - t0;
     if (o->teacher_force)
         for (size_t p = 0; p < n; p++) {
@@ -289,6 +354,7 @@ static int run(engine *en, const options *o, run_result *r, k3_error *err) {
     status = EXIT_OK;
 out:
     seq_state_free(&st);
+    sampler_free(&smp);
     return status;
 }
 
@@ -563,7 +629,7 @@ int main(int argc, char **argv) {
     mem_plan plan = {0};
     trunk *tr = NULL;
     tokenizer *tok = NULL;
-    if (o.prompt || o.prompt_file || o.tok_dir) {
+    if (o.prompt || o.prompt_file || o.tok_dir || o.chat) {
         char e[1024];
         if (!(tok = tokenizer_load(o.tok_dir ? o.tok_dir : o.model_dir, e, sizeof e))) {
             fprintf(stderr, "k3: cannot load the tokenizer: %s\n", e);
@@ -574,7 +640,7 @@ int main(int argc, char **argv) {
     run_result r = {0};
     int32_t *prompt = NULL;
     size_t n = 0;
-    int status = prompt_ids(&o, tok, &prompt, &n);
+    int status = o.chat ? EXIT_OK : prompt_ids(&o, tok, &prompt, &n);
     if (status != EXIT_OK) { free(prompt); tokenizer_free(tok); return status; }
     double t0 = now_s();
     k3_model m;
@@ -603,7 +669,7 @@ int main(int argc, char **argv) {
     status = EXIT_USAGE;
     if (budget_bytes(&o, &budget)) goto done;
     ri.n_workers = workers_wanted(&o);
-    size_t ctx = o.max_context ? (size_t)o.max_context : n + (size_t)o.gen;
+    size_t ctx = o.max_context ? (size_t)o.max_context : o.chat ? 4096 : n + (size_t)o.gen;
     if (plan_make(&plan, &m.cfg, &m, budget, ri.n_workers, (size_t)o.chunk, ctx, &err)) {
         fprintf(stderr, "k3: %s\n", err.msg);
         goto done;
@@ -626,6 +692,22 @@ int main(int argc, char **argv) {
         en.on_route = trace_route;
         en.on_route_ctx = trace;
     }
+    if (o.chat) {
+        chat_options co;
+        chat_options_default(&co);
+        co.system = o.system;
+        co.thinking = o.thinking;
+        co.tmpl = o.tmpl;
+        co.max_tokens = (size_t)o.max_tokens;
+        co.sampling = o.sampling;
+        co.stop_ids = o.stop_ids;
+        co.n_stop_ids = o.n_stop_ids;
+        co.chunk = (size_t)o.chunk;
+        co.max_context = (size_t)o.max_context;
+        status = chat_repl(&en, tok, &co, stdin, stdout, stderr);
+        if (trace) fclose(trace);
+        goto done;
+    }
     status = run(&en, &o, &r, &err);
     if (trace && fclose(trace) != 0 && status == EXIT_OK) { fprintf(stderr, "k3: error writing %s\n", o.trace_path); status = EXIT_RUNTIME; }
     if (status != EXIT_OK) fprintf(stderr, "k3: %s\n", err.msg);
@@ -638,6 +720,7 @@ done:
     free(r.seq);
     free(r.tf_pred);
     free(r.rows);
+    free(o.stop_ids);
     model_free(&m);
     tokenizer_free(tok);
     return status;

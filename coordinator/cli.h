@@ -1,0 +1,48 @@
+/* cli.h - bin/k3's command line: the options and their parsing.
+ *
+ * cli_parse fills an options struct from argv with getopt_long, range-checks
+ * every number, refuses contradictory combinations, and prints what is wrong on
+ * stderr (returning -1: the caller exits 2). It allocates only o->stop_ids
+ * (free() it). Defaults live here and are listed by cli_usage. */
+#ifndef K3_CLI_H
+#define K3_CLI_H
+
+#include "common/kernels.h"
+#include "coordinator/chat.h"
+#include "coordinator/sampler.h"
+#include <stdint.h>
+#include <stdio.h>
+
+enum { EXIT_OK = 0, EXIT_RUNTIME = 1, EXIT_USAGE = 2 };
+
+typedef struct {
+    const char *model_dir, *ids_arg, *prompt, *prompt_file, *json_path, *logits_path;
+    const char *tok_dir, *encode_file, *decode_file, *trace_path;
+    long gen, threads, chunk;
+    int teacher_force, full_recompute, no_special;
+    simd_level simd;
+    /* expert servers */
+    long workers, workers_per_node, worker_threads, timeout_ms, max_restarts;
+    double cache_mb;
+    int numa;
+    /* memory */
+    double mem_gb;              /* 0: not given */
+    const char *preset;
+    int list_presets, plan_only;
+    long max_context;
+    /* sampling and chat */
+    sampler_config sampling;
+    int chat, thinking;
+    const char *system;
+    chat_template tmpl;
+    long max_tokens;
+    int32_t *stop_ids;
+    size_t n_stop_ids;
+} options;
+
+int cli_parse(int argc, char **argv, options *o);
+void cli_usage(FILE *f);
+/* "1,2,3" -> ids (malloc'd); strict: digits and single commas only. 0 or -1. */
+int parse_ids(const char *s, int32_t **ids, size_t *n);
+
+#endif

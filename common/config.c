@@ -1,5 +1,6 @@
 /* config.c - reads and validates config.json (see config.h). */
 #include "common/config.h"
+#include "common/file_read.h"
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -254,25 +255,9 @@ out:
 int config_load(const char *model_dir, k3_config *cfg, k3_error *err) {
     char path[4096];
     snprintf(path, sizeof path, "%s/config.json", model_dir);
-    FILE *f = fopen(path, "rb");
-    if (!f) return k3_fail(err, "%s: cannot open (is '%s' a model directory?)", path, model_dir);
-    char *buf = NULL;
-    size_t cap = 0, len = 0;
-    for (;;) {
-        if (len == cap) {
-            if (cap > (64u << 20)) { fclose(f); free(buf); return k3_fail(err, "%s: larger than 64 MB", path); }
-            cap = cap ? cap * 2 : 65536;
-            char *nb = realloc(buf, cap);
-            if (!nb) { fclose(f); free(buf); return k3_fail(err, "out of memory reading %s", path); }
-            buf = nb;
-        }
-        size_t r = fread(buf + len, 1, cap - len, f);
-        len += r;
-        if (r == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) { free(buf); return k3_fail(err, "%s: read error", path); }
+    size_t len;
+    char *buf = file_read_all(path, 64u << 20, &len, err);
+    if (!buf) return -1;
     int rc = config_parse(buf, len, path, cfg, err);
     free(buf);
     return rc;

@@ -10,6 +10,7 @@
  * Exit status: 0 success, 2 usage error or refused model/input, 1 failure at run time.
  * Results go to stdout (ids) or the --json file; progress and logs to stderr. */
 #include "common/kernels.h"
+#include "common/file_read.h"
 #include "coordinator/cli.h"
 #include "coordinator/chat_repl.h"
 #include "coordinator/sampler.h"
@@ -110,31 +111,6 @@ out:
     seq_state_free(&st);
     sampler_free(&smp);
     return status;
-}
-
-/* Reads a whole file (for --prompt-file). */
-static char *read_file(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    char *buf = NULL;
-    size_t cap = 0, n = 0;
-    for (;;) {
-        if (n == cap) {
-            cap = cap ? 2 * cap : 65536;
-            char *nb = realloc(buf, cap + 1);
-            if (!nb) { free(buf); fclose(f); return NULL; }
-            buf = nb;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    int bad = ferror(f);
-    fclose(f);
-    if (bad) { free(buf); return NULL; }
-    buf[n] = 0;
-    *len = n;
-    return buf;
 }
 
 static json_t *workers_json(const expert_backend *eb, int n_workers) {
@@ -290,8 +266,9 @@ static int prompt_ids(const options *o, const tokenizer *tok, int32_t **ids, siz
         return EXIT_USAGE;
     }
     size_t len = strlen(o->prompt ? o->prompt : "");
-    char *text = o->prompt ? strdup(o->prompt) : read_file(o->prompt_file, &len);
-    if (!text) { fprintf(stderr, "k3: cannot read %s\n", o->prompt_file ? o->prompt_file : "prompt"); return EXIT_USAGE; }
+    k3_error fe = {0};
+    char *text = o->prompt ? strdup(o->prompt) : file_read_all(o->prompt_file, (size_t)1 << 30, &len, &fe);
+    if (!text) { fprintf(stderr, "k3: %s\n", fe.set ? fe.msg : "out of memory"); return EXIT_USAGE; }
     char e[512];
     int rc = tokenizer_encode(tok, text, len, 1, ids, n, e, sizeof e);
     free(text);

@@ -1,6 +1,7 @@
 /* Job: the tokenizer CLI (encode a file to ids, decode ids to bytes); contract in tokenize_cmd.h. */
 #include "coordinator/tokenize_cmd.h"
 #include "coordinator/tokenizer.h"
+#include "common/file_read.h"
 
 #include <errno.h>
 #include <stdint.h>
@@ -10,39 +11,9 @@
 
 static char *slurp(const char *path, size_t *len)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        fprintf(stderr, "k3: %s: cannot open: %s\n", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    while (buf) {
-        if (n == cap) {
-            char *nb = realloc(buf, 2 * cap + 1);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    if (!buf) {
-        fprintf(stderr, "k3: %s: out of memory\n", path);
-    } else if (ferror(f)) {
-        fprintf(stderr, "k3: %s: read error: %s\n", path, strerror(errno));
-        free(buf);
-        buf = NULL;
-    } else {
-        buf[n] = 0;
-        *len = n;
-    }
-    fclose(f);
+    k3_error e = {0};
+    char *buf = file_read_all(path, (size_t)1 << 31, len, &e);
+    if (!buf) fprintf(stderr, "k3: %s\n", e.msg);
     return buf;
 }
 

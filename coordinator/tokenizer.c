@@ -4,6 +4,7 @@
  * (unicode_classes.c; a port of shared/tools/tokenizer-oracle/refsplit.mjs), tiktoken rank BPE,
  * decoding, and the UTF-8 helpers (validation, streaming by complete code points). */
 #include "coordinator/tokenizer.h"
+#include "common/file_read.h"
 #include "coordinator/unicode_classes.h"
 
 #include <errno.h>
@@ -259,43 +260,9 @@ static int32_t htab_put(tokenizer *t, htab *h, uint32_t id)
 
 static char *read_file(const char *path, size_t *len, char *err, size_t errlen)
 {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        set_err(err, errlen, "%s: cannot open: %s", path, strerror(errno));
-        return NULL;
-    }
-    size_t cap = 1 << 16, n = 0;
-    char *buf = malloc(cap + 1);
-    if (!buf) {
-        fclose(f);
-        set_err(err, errlen, "%s: out of memory", path);
-        return NULL;
-    }
-    for (;;) {
-        if (n == cap) {
-            char *nb = realloc(buf, 2 * cap + 1);
-            if (!nb) {
-                free(buf);
-                fclose(f);
-                set_err(err, errlen, "%s: out of memory", path);
-                return NULL;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t r = fread(buf + n, 1, cap - n, f);
-        n += r;
-        if (r == 0) break;
-    }
-    if (ferror(f)) {
-        set_err(err, errlen, "%s: read error: %s", path, strerror(errno));
-        free(buf);
-        fclose(f);
-        return NULL;
-    }
-    fclose(f);
-    buf[n] = 0;
-    *len = n;
+    k3_error e = {0};
+    char *buf = file_read_all(path, (size_t)1 << 31, len, &e);
+    if (!buf) set_err(err, errlen, "%s", e.msg);
     return buf;
 }
 

@@ -21,6 +21,7 @@
 #include "coordinator/tokenizer.h"
 #include "coordinator/workers_pool.h"
 #include <errno.h>
+#include <sched.h>
 #include <jansson.h>
 #include <numa.h>
 #include <omp.h>
@@ -51,10 +52,28 @@ typedef struct {
     float *rows;         /* logits rows, positions first_pos.. */
     size_t first_pos, n_rows;
     double prefill_s, decode_s;
+    int streamed;        /* the text was printed while generating */
 } run_result;
 
 /* Runs the generation; returns an exit status. */
-static int run(engine *en, const options *o, run_result *r, k3_error *err) {
+/* Prints one token's bytes as they arrive, by complete code points. */
+static void stream_token(const tokenizer *tok, utf8_stream *us, int32_t id) {
+    const char *b;
+    size_t len;
+    if (tokenizer_token_bytes(tok, id, &b, &len) != 0) return;
+    char out[UTF8_STREAM_MAX_OUT(256)];
+    while (len > 0) {
+        size_t n = len < 256 ? len : 256;
+        fwrite(out, 1, utf8_stream_push(us, b, n, out), stdout);
+        b += n;
+        len -= n;
+    }
+    fflush(stdout);
+}
+
+/* Runs the generation; with stream_tok, the generated text goes to stdout as it
+ * is produced. Returns an exit status. */
+static int run(engine *en, const options *o, const tokenizer *stream_tok, run_result *r, k3_error *err) {
     const k3_config *c = &en->model->cfg;
     size_t V = (size_t)c->vocab_size, n = r->n_prompt, N = (size_t)o->gen;
     r->first_pos = o->teacher_force ? 0 : n - 1;
@@ -66,6 +85,8 @@ static int run(engine *en, const options *o, run_result *r, k3_error *err) {
     if (!r->rows) { k3_fail(err, "out of memory for %zu rows of logits", r->n_rows); return EXIT_RUNTIME; }
     seq_state st;
     sampler smp;
+    utf8_stream us;
+    utf8_stream_init(&us, 1); /* an ill-formed sequence shows as U+FFFD, never half a code point */
     char se[256];
     if (sampler_init(&smp, &o->sampling, se, sizeof se)) { k3_fail(err, "%s", se); return EXIT_USAGE; }
     if (seq_state_init(&st, c, err)) { sampler_free(&smp); return EXIT_RUNTIME; }
@@ -93,12 +114,20 @@ static int run(engine *en, const options *o, run_result *r, k3_error *err) {
         if (next < 0) { k3_fail(err, "non-finite logits at position %zu: refusing to emit a token", pos); goto out; }
         r->seq[n + i] = next;
         r->n_gen = i + 1;
+        if (stream_tok) stream_token(stream_tok, &us, next);
         int stop = 0;
         for (size_t j = 0; j < o->n_stop_ids; j++) stop |= next == o->stop_ids[j];
         if (stop) break;
-        if (tty) fprintf(stderr, "\rk3: generated %zu/%zu", i + 1, N);
+        if (tty && !stream_tok) fprintf(stderr, "\rk3: generated %zu/%zu", i + 1, N);
     }
-    if (tty && N) fprintf(stderr, "\n");
+    if (stream_tok) {
+        char tail[UTF8_STREAM_MAX_OUT(0)];
+        fwrite(tail, 1, utf8_stream_flush(&us, tail), stdout);
+        fputc('\n', stdout);
+        fflush(stdout);
+        r->streamed = 1;
+    }
+    if (tty && N && !stream_tok) fprintf(stderr, "\n");
     if (N > 0 && r->n_gen < N) r->n_rows = n + r->n_gen - 1 - r->first_pos; /* stopped early: rows computed */
     r->decode_s = now_s() - t0;
     if (o->teacher_force)
@@ -211,21 +240,9 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         char e[256];
         if (tokenizer_decode(ri->tok, r->seq + r->n_prompt, r->n_gen, &text, &text_len, e, sizeof e) != TOK_OK) text = NULL;
     }
-    if (o->ids_arg || !text) {
+    if (!r->streamed) {
         for (size_t i = 0; i < r->n_gen; i++) printf("%s%d", i ? " " : "", r->seq[r->n_prompt + i]);
         printf("\n");
-    } else {
-        /* whole code points only: an incomplete tail is held back, an invalid sequence shown as U+FFFD */
-        utf8_stream us;
-        utf8_stream_init(&us, 1);
-        char *out = malloc(UTF8_STREAM_MAX_OUT(text_len));
-        if (out) {
-            size_t n = utf8_stream_push(&us, text, text_len, out);
-            n += utf8_stream_flush(&us, out + n);
-            fwrite(out, 1, n, stdout);
-            printf("\n");
-            free(out);
-        }
     }
     if (o->json_path) {
         struct rusage ru;
@@ -286,6 +303,14 @@ static int workers_wanted(const options *o) {
 static int start_backend(const options *o, k3_model *m, const kernels *k, int threads, int nw, uint64_t cache_bytes,
                          expert_backend *eb, k3_error *err) {
     if (nw == 0) return experts_local_create(eb, m, k, cache_bytes, err);
+    if (o->numa && numa_available() >= 0 && numa_num_configured_nodes() > 1) {
+        /* the coordinator's threads and memory stay on the node it started on */
+        int node = numa_node_of_cpu(sched_getcpu());
+        if (node >= 0 && numa_run_on_node(node) == 0) {
+            numa_set_preferred(node);
+            fprintf(stderr, "k3: coordinator bound to NUMA node %d\n", node);
+        }
+    }
     pool_options po = {0};
     char path[4096];
     if (workers_pool_default_path(path, sizeof path)) return k3_fail(err, "cannot locate k3-expertd");
@@ -439,7 +464,7 @@ int main(int argc, char **argv) {
         if (trace) fclose(trace);
         goto done;
     }
-    status = run(&en, &o, &r, &err);
+    status = run(&en, &o, o.ids_arg ? NULL : tok, &r, &err);
     if (trace && fclose(trace) != 0 && status == EXIT_OK) { fprintf(stderr, "k3: error writing %s\n", o.trace_path); status = EXIT_RUNTIME; }
     if (status != EXIT_OK) fprintf(stderr, "k3: %s\n", err.msg);
     else status = write_outputs(&o, &r, &en, &ri);

@@ -9,6 +9,7 @@
  *
  * Exit status: 0 success, 2 usage error or refused model/input, 1 failure at run time.
  * Results go to stdout (ids) or the --json file; progress and logs to stderr. */
+#define _GNU_SOURCE /* sched_getcpu */
 #include "common/kernels.h"
 #include "common/file_read.h"
 #include "coordinator/cli.h"

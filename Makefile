@@ -29,7 +29,7 @@ BENCH_BINS  = $(BENCH_SRCS:bench/%.c=$(BIN)/%)
 
 PROGS = $(BIN)/k3 $(if $(wildcard workers/expertd_main.c),$(BIN)/k3-expertd)
 
-.PHONY: all test unit asan fuzz bench demo clean models check-models
+.PHONY: all test unit asan fuzz bench bench-model ladder demo clean
 all: $(PROGS) $(UNIT_BINS)
 
 $(BUILD)/%.o: %.c $(wildcard common/*.h coordinator/*.h workers/*.h)
@@ -76,6 +76,14 @@ fuzz:
 
 bench: $(BENCH_BINS) $(PROGS)
 	scripts/bench.sh
+
+# The real-width benchmark model (not committed, ~15 GB): K3's widths, 6 layers, 32 experts.
+bench-model:
+	test -f models-big/rw6/config.json || /usr/bin/python3 scripts/gen_model.py --preset realwidth --out models-big/rw6
+
+# The memory ladder on it (results into docs/PERFORMANCE.md).
+ladder: $(PROGS) bench-model
+	/usr/bin/python3 scripts/memory_ladder.py models-big/rw6 --workers 1 --gen 5 --md docs/PERFORMANCE.md
 
 # Bundled small model: generate (deterministically) and run it.
 demo: $(PROGS)

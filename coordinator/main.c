@@ -368,10 +368,12 @@ int main(int argc, char **argv) {
     if (o.encode_file || o.decode_file) return tokenize_command(o.tok_dir, o.encode_file, o.decode_file, o.no_special);
     if (o.list_presets) { list_presets(); return EXIT_OK; }
     if (o.plan_only) return plan_only(&o);
-    /* With expert servers the coordinator's cores sit idle while they compute;
-     * libgomp reads its wait policy only at start-up, so restart once with
-     * passive waiting (idle threads sleep instead of spinning on shared cores). */
-    if (workers_wanted(&o) != 0 && !getenv("OMP_WAIT_POLICY")) {
+    /* Idle OpenMP threads must sleep, not spin: with expert servers the
+     * coordinator's cores sit idle while they compute, and on a shared machine a
+     * spinning barrier waits for a descheduled thread (measured: 3-4x slower
+     * decoding in-process with one other busy process on 2 cores). libgomp reads
+     * its wait policy only at start-up, so restart once with passive waiting. */
+    if (!getenv("OMP_WAIT_POLICY")) {
         setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
         execv("/proc/self/exe", argv);
     }

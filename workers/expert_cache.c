@@ -1,8 +1,10 @@
-/* expert_cache.c - LRU expert cache with an O_DIRECT reader (see expert_cache.h). */
+/* expert_cache.c - expert cache (LRU / LFU / predicted-hit eviction) with an O_DIRECT reader (see expert_cache.h).
+ * The policies are modelled exactly by scripts/sim_expert_cache.py (same tie rules, same arithmetic). */
 #define _GNU_SOURCE
 #include "workers/expert_cache.h"
 #include <errno.h>
 #include <fcntl.h>
+#include <math.h>
 #include <numa.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +14,25 @@
 #define IO_ALIGN 4096u
 
 enum { SLOT_EMPTY, SLOT_READING, SLOT_READY };
+
+/* lfu: all counts are halved every LFU_AGE x n_slots uses */
+#define LFU_AGE 16
+/* phit: rate average weight, age buckets, rate buckets, statistics halved after this many opportunities */
+#define PHIT_ALPHA 0.05
+#define PHIT_AGES 12
+#define PHIT_RATES 15
+#define PHIT_DECAY 4194304.0
+static const double phit_edges[PHIT_RATES - 1] = {0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15,
+                                                   0.2,  0.3,  0.4,   0.5,  0.6,   0.7, 0.85};
+
+/* What the policies remember of one (layer, expert), resident or not. */
+typedef struct {
+    uint64_t stamp;  /* clock of the last use */
+    uint64_t cycle;  /* forward pass of the last use */
+    double rate;     /* phit: uses per pass (exponential average), as of the last use */
+    uint32_t count;  /* lfu: uses, halved by aging */
+    uint32_t used;   /* 0: never used */
+} key_state;
 
 typedef struct {
     int state, pins, layer, expert;
@@ -32,6 +53,15 @@ struct expert_cache {
     expert_cache_stats stats;
     uint8_t *arena;
     size_t arena_bytes;
+    /* policy state */
+    cache_policy policy;
+    int n_layers, n_experts;
+    key_state *keys;      /* [n_layers * n_experts] */
+    uint8_t *in_request;  /* [n_experts] scratch */
+    uint64_t cycle;       /* forward passes seen: a request whose layer is not above the last one starts a pass */
+    int cur_layer;
+    uint64_t lfu_since;
+    double phit_use[PHIT_AGES][PHIT_RATES], phit_opp[PHIT_AGES][PHIT_RATES], phit_nopp;
 };
 
 uint64_t expert_cache_slot_bytes(const expert_store *st) {
@@ -53,12 +83,18 @@ expert_cache *expert_cache_create(const expert_store *st, checkpoint *ck, uint64
     c->n_slots = (size_t)(budget / sb);
     c->node = node;
     c->direct_ok = 1;
+    c->policy = CACHE_POLICY_DEFAULT;
+    c->n_layers = st->n_layers;
+    c->n_experts = st->n_experts;
+    c->cur_layer = -1;
     c->slots = calloc(c->n_slots, sizeof *c->slots);
     c->direct_fd = malloc((size_t)ck->n_shards * sizeof *c->direct_fd);
+    c->keys = calloc((size_t)st->n_layers * (size_t)st->n_experts, sizeof *c->keys);
+    c->in_request = calloc((size_t)st->n_experts + 1, 1);
     c->arena_bytes = c->n_slots * sb;
     if (node >= 0 && numa_available() >= 0) c->arena = numa_alloc_onnode(c->arena_bytes, node);
     else if (posix_memalign((void **)&c->arena, IO_ALIGN, c->arena_bytes) != 0) c->arena = NULL;
-    if (!c->slots || !c->direct_fd || !c->arena) {
+    if (!c->slots || !c->direct_fd || !c->arena || !c->keys || !c->in_request) {
         k3_fail(err, "cannot allocate an expert cache of %zu slots (%llu bytes)", c->n_slots, (unsigned long long)c->arena_bytes);
         expert_cache_free(c);
         return NULL;
@@ -79,6 +115,8 @@ void expert_cache_free(expert_cache *c) {
     }
     free(c->slots);
     free(c->direct_fd);
+    free(c->keys);
+    free(c->in_request);
     free(c);
 }
 
@@ -164,18 +202,132 @@ static void slot_weights(const expert_cache *c, const cache_slot *s, const exper
     w->w3 = (mxfp4_weight){c->st->I, c->st->L, part[EXPERT_W3_P], part[EXPERT_W3_S]};
 }
 
+/* ---- policies ---- */
+
+static const char *const policy_names[CACHE_POLICY_COUNT] = {"lru", "lfu", "phit"};
+
+int cache_policy_parse(const char *name, cache_policy *out) {
+    for (int p = 0; name && p < CACHE_POLICY_COUNT; p++)
+        if (!strcmp(name, policy_names[p])) { *out = (cache_policy)p; return 0; }
+    return -1;
+}
+
+const char *cache_policy_name(cache_policy p) { return (unsigned)p < CACHE_POLICY_COUNT ? policy_names[p] : "?"; }
+
+void expert_cache_set_policy(expert_cache *c, cache_policy p) {
+    if ((unsigned)p < CACHE_POLICY_COUNT) c->policy = p;
+}
+
+cache_policy expert_cache_get_policy(const expert_cache *c) { return c->policy; }
+
+static key_state *key_of(expert_cache *c, int layer, int expert) {
+    return &c->keys[(size_t)layer * (size_t)c->n_experts + (size_t)expert];
+}
+
+/* passes since the last use -> 0..11: 1,2,3,4, 5-6,7-8, 9-12,13-16, 17-32,33-64,65-128, 129+ */
+static int phit_age_bucket(uint64_t a) {
+    if (a <= 4) return a ? (int)a - 1 : 0;
+    if (a <= 8) return 4 + (int)(a - 5) / 2;
+    if (a <= 16) return 6 + (int)(a - 9) / 4;
+    int b = 8;
+    for (uint64_t lim = 32; a > lim && b < PHIT_AGES - 1; lim *= 2) b++;
+    return b;
+}
+
+static int phit_rate_class(double r) {
+    int k = 0;
+    for (int i = 0; i < PHIT_RATES - 1; i++) k += r >= phit_edges[i];
+    return k;
+}
+
+/* A request of `layer` starts (experts: all its distinct experts, or NULL when
+ * only the pass count is to be kept). Counts phit's opportunities: every expert
+ * of this layer used before either is used now or is not. Kept for every policy,
+ * so switching policies finds the statistics ready. */
+static void policy_begin(expert_cache *c, int layer, const int32_t *experts, size_t n) {
+    if (layer <= c->cur_layer) c->cycle++;
+    c->cur_layer = layer;
+    if (!experts || layer < 0 || layer >= c->n_layers) return;
+    for (size_t i = 0; i < n; i++)
+        if (experts[i] >= 0 && experts[i] < c->n_experts) c->in_request[experts[i]] = 1;
+    for (int e = 0; e < c->n_experts; e++) {
+        const key_state *k = key_of(c, layer, e);
+        if (!k->used || c->cycle <= k->cycle) continue;
+        int b = phit_age_bucket(c->cycle - k->cycle), r = phit_rate_class(k->rate);
+        c->phit_opp[b][r] += 1;
+        if (c->in_request[e]) c->phit_use[b][r] += 1;
+        c->phit_nopp += 1;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (experts[i] >= 0 && experts[i] < c->n_experts) c->in_request[experts[i]] = 0;
+    if (c->phit_nopp >= PHIT_DECAY) {
+        c->phit_nopp = 0;
+        for (int b = 0; b < PHIT_AGES; b++)
+            for (int r = 0; r < PHIT_RATES; r++) { c->phit_use[b][r] *= 0.5; c->phit_opp[b][r] *= 0.5; }
+    }
+}
+
+/* An expert is used (acquired) now. */
+static void policy_use(expert_cache *c, cache_slot *s) {
+    key_state *k = key_of(c, s->layer, s->expert);
+    s->last_use = ++c->clock;
+    k->stamp = c->clock;
+    k->rate = k->used ? k->rate * pow(1.0 - PHIT_ALPHA, (double)(c->cycle - k->cycle)) : 0.0;
+    k->rate += PHIT_ALPHA;
+    k->cycle = c->cycle;
+    k->used = 1;
+    k->count++;
+    if (++c->lfu_since >= (uint64_t)LFU_AGE * c->n_slots) {
+        c->lfu_since = 0;
+        size_t nk = (size_t)c->n_layers * (size_t)c->n_experts;
+        for (size_t i = 0; i < nk; i++) c->keys[i].count >>= 1;
+    }
+}
+
+/* Eviction order of a READY unpinned slot: the slot with the smallest key goes first. */
+typedef struct { double v; int64_t a, b; } evict_key;
+
+static int evict_before(evict_key x, evict_key y) {
+    if (x.v != y.v) return x.v < y.v;
+    if (x.a != y.a) return x.a < y.a;
+    return x.b < y.b;
+}
+
+static evict_key evict_key_of(expert_cache *c, const cache_slot *s) {
+    const key_state *k = key_of(c, s->layer, s->expert);
+    int64_t id = (int64_t)s->layer * c->n_experts + s->expert;
+    switch (c->policy) {
+    case CACHE_POLICY_LFU: /* fewest uses; ties: most recently used */
+        return (evict_key){(double)k->count, -(int64_t)k->stamp, id};
+    case CACHE_POLICY_PHIT: {
+        /* probability of a use when its layer comes round next; ties: the layer that comes round last */
+        uint64_t a = c->cycle - k->cycle + (s->layer > c->cur_layer ? 0 : 1);
+        int b = phit_age_bucket(a), r = phit_rate_class(k->rate);
+        int d = ((s->layer - c->cur_layer) % c->n_layers + c->n_layers) % c->n_layers;
+        if (d == 0) d = c->n_layers;
+        return (evict_key){(c->phit_use[b][r] + 1.0) / (c->phit_opp[b][r] + 2.0), -(int64_t)d, id};
+    }
+    default: /* least recently used */
+        return (evict_key){0.0, (int64_t)s->last_use, id};
+    }
+}
+
 static cache_slot *find(expert_cache *c, int layer, int expert) {
     for (size_t i = 0; i < c->n_slots; i++)
         if (c->slots[i].state == SLOT_READY && c->slots[i].layer == layer && c->slots[i].expert == expert) return &c->slots[i];
     return NULL;
 }
 
+/* An EMPTY slot, else the policy's choice among READY unpinned slots; NULL if none. */
 static cache_slot *victim(expert_cache *c) {
     cache_slot *best = NULL;
+    evict_key bk = {0};
     for (size_t i = 0; i < c->n_slots; i++) {
         cache_slot *s = &c->slots[i];
         if (s->state == SLOT_EMPTY) return s;
-        if (s->state == SLOT_READY && s->pins == 0 && (!best || s->last_use < best->last_use)) best = s;
+        if (s->state != SLOT_READY || s->pins != 0) continue;
+        evict_key k = evict_key_of(c, s);
+        if (!best || evict_before(k, bk)) { best = s; bk = k; }
     }
     return best;
 }
@@ -200,20 +352,35 @@ static int cmp_miss(const void *a, const void *b) {
 
 static int cache_prefetch(void *ctx, int layer, const int32_t *experts, size_t n, k3_error *err) {
     expert_cache *c = ctx;
+    policy_begin(c, layer, experts, n);
     if (c->n_slots < 2) return 0; /* one slot: everything is read on demand */
-    size_t limit = c->n_slots - 1, nm = 0, taken = 0;
-    miss *ms = malloc((n ? n : 1) * sizeof *ms);
-    if (!ms) return k3_fail(err, "out of memory");
-    for (size_t i = 0; i < n && taken < limit; i++, taken++) {
-        const expert_loc *loc = expert_store_loc(c->st, layer, experts[i]);
-        if (!loc) { free(ms); return k3_fail(err, "expert %d of layer %d is not owned by this worker", experts[i], layer); }
-        cache_slot *s = find(c, layer, experts[i]);
-        if (s) { /* resident: pin it until its use */
-            s->pins++;
-            c->stats.hits++;
-            continue;
+    size_t w = n < c->n_slots - 1 ? n : c->n_slots - 1, nm = 0, nh = 0;
+    miss *ms = malloc((w ? w : 1) * sizeof *ms);
+    cache_slot **hit = malloc((w ? w : 1) * sizeof *hit);
+    if (!ms || !hit) { free(ms); free(hit); return k3_fail(err, "out of memory"); }
+    for (size_t i = 0; i < w; i++)
+        if (!expert_store_loc(c->st, layer, experts[i])) {
+            free(ms); free(hit);
+            return k3_fail(err, "expert %d of layer %d is not owned by this worker", experts[i], layer);
         }
-        s = victim(c);
+    /* pass 1: pin the resident experts, so that no miss of this request evicts them */
+    for (size_t i = 0; i < w; i++) {
+        cache_slot *s = find(c, layer, experts[i]);
+        if (!s) continue;
+        s->pins++;
+        c->stats.hits++;
+        hit[nh++] = s;
+    }
+    /* pass 2: a slot for each miss */
+    for (size_t i = 0; i < w; i++) {
+        int dup = 0;
+        for (size_t j = 0; j < c->n_slots && !dup; j++) {
+            const cache_slot *t = &c->slots[j];
+            dup = t->state != SLOT_EMPTY && t->layer == layer && t->expert == experts[i];
+        }
+        if (dup) continue; /* resident (pinned in pass 1) or already being read */
+        const expert_loc *loc = expert_store_loc(c->st, layer, experts[i]);
+        cache_slot *s = victim(c);
         if (!s) break;
         *s = (cache_slot){.state = SLOT_READING, .pins = 1, .layer = layer, .expert = experts[i], .buf = s->buf};
         open_direct_fds(c, loc);
@@ -240,7 +407,10 @@ static int cache_prefetch(void *ctx, int layer, const int32_t *experts, size_t n
         c->stats.misses++;
         c->stats.bytes_read += c->st->expert_bytes;
     }
+    if (failed)
+        for (size_t i = 0; i < nh; i++) hit[i]->pins--; /* the batch stops: nothing will be acquired */
     free(ms);
+    free(hit);
     if (failed) return k3_fail(err, "%s", first.msg);
     return 0;
 }
@@ -249,6 +419,7 @@ static int cache_acquire(void *ctx, int layer, int expert, expert_weights *w, k3
     expert_cache *c = ctx;
     const expert_loc *loc = expert_store_loc(c->st, layer, expert);
     if (!loc) return k3_fail(err, "expert %d of layer %d is not owned by this worker", expert, layer);
+    if (layer != c->cur_layer) policy_begin(c, layer, NULL, 0); /* used without prefetch */
     cache_slot *s = find(c, layer, expert);
     if (s && s->pins > 0) {
         /* prefetched: its pin passes to this use (counted by the prefetch) */
@@ -265,7 +436,7 @@ static int cache_acquire(void *ctx, int layer, int expert, expert_weights *w, k3
         c->stats.misses++;
         c->stats.bytes_read += c->st->expert_bytes;
     }
-    s->last_use = ++c->clock;
+    policy_use(c, s);
     slot_weights(c, s, loc, w);
     return expert_weights_check(w, loc, err);
 }

@@ -2,16 +2,35 @@
  *
  * A byte budget buys n_slots slots of expert_bytes + 2 * alignment bytes each.
  * A slot is EMPTY, READING or READY; a READY slot may be pinned (in use, or
- * prefetched and not yet used). Eviction takes the least recently used READY
- * slot that is not pinned; never a READING or pinned slot. If no slot can be
- * taken the call fails (it cannot happen when a batch pins at most n_slots-1
- * prefetched experts plus the one in use, which expert_cache_prefetch ensures).
+ * prefetched and not yet used). Eviction takes a READY slot that is not pinned,
+ * chosen by the cache policy (below); never a READING or pinned slot, and an
+ * EMPTY slot before any. If no slot can be taken the call fails (it cannot
+ * happen when a batch pins at most n_slots-1 prefetched experts plus the one in
+ * use, which expert_cache_prefetch ensures).
+ * A request (one expert_batch_run) first pins its resident experts, then takes
+ * slots for its misses, so a request never evicts an expert it is about to use.
  * Reads: one pread of the aligned window around the expert's contiguous run,
  * with O_DIRECT where the file system allows (else buffered, warned once); an
  * expert whose six tensors are not contiguous is read tensor by tensor. Misses
  * of one prefetch are read in parallel, issued in file-offset order. A short
  * read or I/O error names the shard and offset. Memory comes from the worker's
- * NUMA node when one is given. The cache is used by one thread at a time. */
+ * NUMA node when one is given. The cache is used by one thread at a time.
+ *
+ * Policies (which READY unpinned slot is evicted; they change only speed, never
+ * a result). Layers come round once per forward pass (a "cycle"), so experts are
+ * requested in a loop that is longer than the cache: LRU then evicts exactly the
+ * experts whose layer comes next. scripts/sim_expert_cache.py models all three
+ * exactly; docs/PERFORMANCE.md "Expert cache policy" has the numbers.
+ *   lru   least recently used.
+ *   lfu   least frequently used, with history (counts survive eviction) and
+ *         aging (all counts halved every 16 x n_slots uses); ties: the most
+ *         recently used (its layer comes round last).
+ *   phit  predicted hit (default): the cache learns, from what it is asked,
+ *         how likely an expert is to be used when its layer comes round next,
+ *         as a function of its age (passes since its last use, 12 buckets)
+ *         and its use rate (an exponential average per pass, 15 buckets);
+ *         it evicts the expert with the lowest estimate, ties: the one whose
+ *         layer comes round last. */
 #ifndef K3_EXPERT_CACHE_H
 #define K3_EXPERT_CACHE_H
 
@@ -19,6 +38,11 @@
 #include "workers/expert_store.h"
 
 typedef struct expert_cache expert_cache;
+
+typedef enum { CACHE_POLICY_LRU, CACHE_POLICY_LFU, CACHE_POLICY_PHIT, CACHE_POLICY_COUNT } cache_policy;
+
+/* The policy expert_cache_create sets (the simulation's winner). */
+#define CACHE_POLICY_DEFAULT CACHE_POLICY_PHIT
 
 typedef struct {
     uint64_t hits, misses, bytes_read;
@@ -33,5 +57,14 @@ int expert_cache_direct_io(const expert_cache *c);
 expert_cache_stats expert_cache_get_stats(const expert_cache *c);
 /* The expert_source that expert_batch_run uses (acquire/release/prefetch). */
 expert_source expert_cache_source(expert_cache *c);
+
+/* "lru", "lfu", "phit" (case-sensitive) -> 0, or -1 for anything else (out untouched). */
+int cache_policy_parse(const char *name, cache_policy *out);
+/* The name cache_policy_parse accepts; "?" for an invalid value. */
+const char *cache_policy_name(cache_policy p);
+/* Switches the eviction policy; the contents and the statistics stay (call it
+ * before the first request for a clean comparison). An invalid value is ignored. */
+void expert_cache_set_policy(expert_cache *c, cache_policy p);
+cache_policy expert_cache_get_policy(const expert_cache *c);
 
 #endif

@@ -89,28 +89,32 @@ typedef struct {
     size_t ntok;  /* tokens per call */
 } bench_case;
 
+/* Every call is timed on its own, for at least min_s in all (and 5 calls): the best
+ * call is the kernel's own speed on a machine that may be shared, the median shows
+ * what the run met. */
 typedef struct {
-    double ms, gbs;
+    double ms, median_ms, gbs;
 } bench_result;
 
-/* Best of 10 batches (each >= min_s/10): the machine may be shared, the best batch
- * is the kernel's own speed. */
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
 static bench_result run_case(const kernels *k, const bench_case *c, const float *x, float *y, double min_s) {
-    double best = 1e30;
-    size_t calls_total = 0;
-    for (int batch = 0; batch < 10; batch++) {
-        size_t calls = 0;
-        double t0 = now_s(), t;
-        do {
-            if (c->is_mxfp4) matmul_mxfp4(k, &c->m[calls_total % c->ncopies], x, c->ntok, y);
-            else matmul_dense(k, &c->d, x, c->ntok, y);
-            calls++;
-            calls_total++;
-            t = now_s() - t0;
-        } while (t < min_s / 10 || calls < 2);
-        if (t / (double)calls < best) best = t / (double)calls;
+    enum { MAXCALLS = 4096 };
+    double *t = xmalloc(MAXCALLS * sizeof *t), total = 0;
+    size_t calls = 0;
+    while (calls < MAXCALLS && (total < min_s || calls < 5)) {
+        double t0 = now_s();
+        if (c->is_mxfp4) matmul_mxfp4(k, &c->m[calls % c->ncopies], x, c->ntok, y);
+        else matmul_dense(k, &c->d, x, c->ntok, y);
+        t[calls] = now_s() - t0;
+        total += t[calls++];
     }
-    bench_result r = {1e3 * best, (double)c->bytes / best / 1e9};
+    qsort(t, calls, sizeof *t, cmp_double);
+    bench_result r = {1e3 * t[0], 1e3 * t[calls / 2], (double)c->bytes / t[0] / 1e9};
+    free(t);
     return r;
 }
 
@@ -220,20 +224,22 @@ int main(int argc, char **argv) {
     printf("read bandwidth (multithreaded SSE2 sum over %zu MiB, best sample): 1 thread %.1f GB/s", bw_bytes >> 20,
            bw[0]);
     if (nthr_cases > 1) printf(", %d threads %.1f GB/s", nthr_all, bw[1]);
-    printf("\n1 token per call unless noted, best of 10 batches; MXFP4 cycles through %zu distinct copies (%.0f MB)\n"
-           "so the weights come from memory as for distinct experts; GB/s = weight bytes per call / time;\n"
+    printf("\n1 token per call unless noted; every call timed, best and median shown; MXFP4 cycles through %zu distinct copies (%.0f MB)\n"
+           "so the weights come from memory as for distinct experts; GB/s = weight bytes per call / best time;\n"
            "%% of read BW is against the bandwidth measured with the same thread count.\n\n",
            ncopies, (double)(ncopies * cases[1].bytes) / 1e6);
-    printf("| kernel | shape (rows x cols) | weight MB | level | threads | ms/call | GB/s | %% of read BW |\n");
-    printf("|---|---|---|---|---|---|---|---|\n");
+    printf("| kernel | shape (rows x cols) | weight MB | level | threads | ms/call best | ms/call median | GB/s "
+           "| %% of read BW |\n");
+    printf("|---|---|---|---|---|---|---|---|---|\n");
     for (int ci = 0; ci < NCASES; ci++)
         for (int li = 0; li < nlv; li++)
             for (int ti = 0; ti < nthr_cases; ti++) {
                 const bench_case *c = &cases[ci];
                 const bench_result *r = &res[ci][li][ti];
                 size_t rows = c->is_mxfp4 ? c->m[0].rows : c->d.rows, cols = c->is_mxfp4 ? c->m[0].cols : c->d.cols;
-                printf("| %s | %zu x %zu | %.2f | %s | %d | %.3f | %.1f | %.0f %% |\n", c->what, rows, cols,
-                       (double)c->bytes / 1e6, lv[li]->name, nthr[ti], r->ms, r->gbs, 100.0 * r->gbs / bw[ti]);
+                printf("| %s | %zu x %zu | %.2f | %s | %d | %.3f | %.3f | %.1f | %.0f %% |\n", c->what, rows, cols,
+                       (double)c->bytes / 1e6, lv[li]->name, nthr[ti], r->ms, r->median_ms, r->gbs,
+                       100.0 * r->gbs / bw[ti]);
             }
     omp_set_num_threads(nthr_all);
 

@@ -27,7 +27,7 @@ long wire_encode_hello(const wire_hello *h, void *buf, size_t cap) {
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 16);
+    msgpack_pack_map(&pk, 17);
     pk_kv_str(&pk, "type", "hello");
     pk_kv_str(&pk, "model_dir", h->model_dir);
     pk_kv_int(&pk, "worker", h->worker);
@@ -43,6 +43,7 @@ long wire_encode_hello(const wire_hello *h, void *buf, size_t cap) {
     pk_kv_u64(&pk, "max_pairs", h->max_pairs);
     pk_kv_int(&pk, "life", h->life);
     pk_kv_str(&pk, "simd", h->simd);
+    pk_kv_str(&pk, "policy", h->policy);
     pk_kv_str(&pk, "ownership", "layer-rotate");
     return finish(&sb, buf, cap);
 }
@@ -191,7 +192,8 @@ int wire_decode_hello(const void *buf, size_t len, wire_hello *h, k3_error *err)
               rd_u64(&rd, "hdr_cap", &h->hdr_cap) || rd_u64(&rd, "req_cap", &h->req_cap) ||
               rd_u64(&rd, "resp_cap", &h->resp_cap) || I64(&rd, "max_tokens", 1, 1 << 20, h->max_tokens) ||
               I64(&rd, "max_pairs", 1, 1 << 26, h->max_pairs) || I64(&rd, "life", 0, 1 << 20, h->life) ||
-              rd_str(&rd, "simd", h->simd, sizeof h->simd) || rd_str(&rd, "ownership", own, sizeof own))
+              rd_str(&rd, "simd", h->simd, sizeof h->simd) || rd_str(&rd, "policy", h->policy, sizeof h->policy) ||
+              rd_str(&rd, "ownership", own, sizeof own))
                  ? -1 : 0;
     if (!rc && strcmp(own, "layer-rotate")) rc = k3_fail(err, "hello: unknown ownership scheme '%s'", own);
     msgpack_unpacked_destroy(&rd.up);

@@ -21,6 +21,7 @@ typedef struct {
     uint32_t max_tokens, max_pairs;
     int life;                  /* 0 for the first start, +1 per restart */
     char simd[16];
+    char policy[16];           /* expert-cache policy name (cache_policy_parse) */
 } wire_hello;
 
 typedef struct {

@@ -1,5 +1,6 @@
 /* cli.c - parsing of bin/k3's command line (see cli.h). */
 #include "coordinator/cli.h"
+#include "workers/expert_cache.h"
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
@@ -31,6 +32,7 @@ void cli_usage(FILE *f) {
             "  --numa auto|off      bind each expert server to its node (auto, multi-node machines only)\n"
             "  --worker-threads N   OpenMP threads per expert server (default: --threads / workers)\n"
             "  --expert-cache-mb MB expert cache per server (default: all of its experts, at most 4096)\n"
+            "  --expert-cache-policy P   lru|lfu|phit (default phit; see docs/PERFORMANCE.md)\n"
             "  --worker-timeout-ms MS  restart a server that makes no progress this long (default 30000)\n"
             "  --max-restarts N     restarts allowed per server before the run fails (default 3)\n"
             "  --mem-gb X           total memory budget in GiB for all processes (fractions allowed)\n"
@@ -106,6 +108,7 @@ int cli_parse(int argc, char **argv, options *o) {
         {"chat", no_argument, 0, 258},              {"system", required_argument, 0, 259},
         {"thinking", no_argument, 0, 260},          {"no-thinking", no_argument, 0, 261},
         {"template", required_argument, 0, 262},    {"max-tokens", required_argument, 0, 263},
+        {"expert-cache-policy", required_argument, 0, 264},
         {0, 0, 0, 0}};
     memset(o, 0, sizeof *o);
     o->gen = 16;
@@ -137,6 +140,12 @@ int cli_parse(int argc, char **argv, options *o) {
             o->stop_ids = all;
             o->n_stop_ids += n;
             free(ids);
+            break;
+        }
+        case 264: {
+            cache_policy pol;
+            if (cache_policy_parse(optarg, &pol)) { fprintf(stderr, "k3: --expert-cache-policy wants lru|lfu|phit, got '%s'\n", optarg); return -1; }
+            o->cache_policy = optarg;
             break;
         }
         case 258: o->chat = 1; break;

@@ -24,6 +24,7 @@ typedef struct {
     /* expert servers */
     long workers, workers_per_node, worker_threads, timeout_ms, max_restarts;
     double cache_mb;
+    const char *cache_policy;   /* NULL: the cache's default */
     int numa;
     /* memory */
     double mem_gb;              /* 0: not given */

@@ -24,12 +24,14 @@ static void local_destroy(expert_backend *b) {
     b->impl = NULL;
 }
 
-int experts_local_create(expert_backend *b, k3_model *m, const kernels *k, uint64_t cache_bytes, k3_error *err) {
+int experts_local_create(expert_backend *b, k3_model *m, const kernels *k, uint64_t cache_bytes, cache_policy policy,
+                         k3_error *err) {
     local_impl *li = calloc(1, sizeof *li);
     if (!li) return k3_fail(err, "out of memory");
     li->m = m;
     li->k = k;
     if (!(li->cache = expert_cache_create(&m->experts, &m->ck, cache_bytes, -1, err))) { free(li); return -1; }
+    expert_cache_set_policy(li->cache, policy);
     *b = (expert_backend){local_run, local_destroy, li};
     return 0;
 }

@@ -7,9 +7,11 @@
 
 #include "coordinator/expert_backend.h"
 #include "coordinator/model.h"
+#include "workers/expert_cache.h"
 
 /* The backend borrows m and k; both must outlive it. cache_bytes as for a server. */
-int experts_local_create(expert_backend *b, k3_model *m, const kernels *k, uint64_t cache_bytes, k3_error *err);
+int experts_local_create(expert_backend *b, k3_model *m, const kernels *k, uint64_t cache_bytes, cache_policy policy,
+                         k3_error *err);
 /* Cache counters; returns bytes read. */
 uint64_t experts_local_stats(const expert_backend *b, uint64_t *hits, uint64_t *misses);
 

@@ -303,7 +303,9 @@ static int workers_wanted(const options *o) {
 
 static int start_backend(const options *o, k3_model *m, const kernels *k, int threads, int nw, uint64_t cache_bytes,
                          expert_backend *eb, k3_error *err) {
-    if (nw == 0) return experts_local_create(eb, m, k, cache_bytes, err);
+    cache_policy pol = CACHE_POLICY_DEFAULT;
+    if (o->cache_policy && cache_policy_parse(o->cache_policy, &pol)) return k3_fail(err, "unknown expert-cache policy");
+    if (nw == 0) return experts_local_create(eb, m, k, cache_bytes, pol, err);
     if (o->numa && numa_available() >= 0 && numa_num_configured_nodes() > 1) {
         /* the coordinator's threads and memory stay on the node it started on */
         int node = numa_node_of_cpu(sched_getcpu());
@@ -324,6 +326,7 @@ static int start_backend(const options *o, k3_model *m, const kernels *k, int th
     po.expertd_path = path;
     po.simd = k->name;
     po.cache_bytes = cache_bytes;
+    po.policy = cache_policy_name(pol);
     return workers_pool_create(eb, m, &po, err);
 }
 

@@ -129,6 +129,7 @@ static int spawn(pool *p, worker *w, k3_error *err) {
     h.max_pairs = (uint32_t)p->max_pairs;
     h.life = w->life;
     snprintf(h.simd, sizeof h.simd, "%s", p->o.simd);
+    snprintf(h.policy, sizeof h.policy, "%s", p->o.policy);
     unsigned char msg[8192];
     long len = wire_encode_hello(&h, msg, sizeof msg);
     if (len < 0 || send(w->ctl_fd, msg, (size_t)len, MSG_NOSIGNAL) != len) {

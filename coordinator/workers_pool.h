@@ -28,6 +28,7 @@ typedef struct {
     size_t max_tokens;         /* largest chunk the coordinator will send */
     const char *expertd_path;
     const char *simd;          /* kernel level name, passed to workers */
+    const char *policy;        /* expert-cache policy name, passed to workers */
 } pool_options;
 
 typedef struct {

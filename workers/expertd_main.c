@@ -90,7 +90,10 @@ static int setup(server *sv, int ring_fd, wire_ready *ready, k3_error *err) {
     uint64_t L = (uint64_t)sv->cfg.routed_expert_hidden_size;
     if (h->req_cap < (uint64_t)h->max_tokens * L * 4 || h->resp_cap < (uint64_t)h->max_pairs * L * 4)
         return k3_fail(err, "ring payload capacity too small for %u tokens / %u pairs", h->max_tokens, h->max_pairs);
+    cache_policy pol;
+    if (cache_policy_parse(h->policy, &pol)) return k3_fail(err, "unknown expert-cache policy '%s'", h->policy);
     if (!(sv->cache = expert_cache_create(&sv->store, &sv->ck, h->cache_bytes, h->node, err))) return -1;
+    expert_cache_set_policy(sv->cache, pol);
     int n = 0;
     for (int l = 0; l < sv->cfg.num_hidden_layers; l++)
         for (int e = 0; e < sv->cfg.num_experts; e++) n += expert_store_loc(&sv->store, l, e) != NULL;

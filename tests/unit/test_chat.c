@@ -746,7 +746,7 @@ static void engine_open(test_engine *te, const char *dir) {
     if (plan_make(&te->plan, &te->m.cfg, &te->m, 0, 0, 64, 4096, &err)) die(err.msg);
     trunk_config tc = {te->plan.n_pinned, te->plan.n_slots, te->plan.lm_chunk_rows};
     if (!(te->tr = trunk_create(&te->m, &tc, &err))) die(err.msg);
-    if (experts_local_create(&te->eb, &te->m, k, te->plan.expert_cache_per_worker, &err)) die(err.msg);
+    if (experts_local_create(&te->eb, &te->m, k, te->plan.expert_cache_per_worker, CACHE_POLICY_DEFAULT, &err)) die(err.msg);
     te->en = (engine){.model = &te->m, .trunk = te->tr, .k = k, .experts = &te->eb};
     te->tok = load_tok(dir);
 }

@@ -21,7 +21,7 @@ static float *run(k3_model *m, const kernels *k, trunk_config tc, size_t chunk) 
     trunk *t = trunk_create(m, &tc, &err);
     if (!t) { printf("trunk_create: %s\n", err.msg); return NULL; }
     expert_backend eb;
-    if (experts_local_create(&eb, m, k, 1 << 20, &err)) { trunk_free(t); return NULL; }
+    if (experts_local_create(&eb, m, k, 1 << 20, CACHE_POLICY_LRU, &err)) { trunk_free(t); return NULL; }
     engine en = {.model = m, .trunk = t, .k = k, .experts = &eb};
     seq_state st;
     size_t V = (size_t)m->cfg.vocab_size;

@@ -140,7 +140,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const int nthr_all = omp_get_max_threads();
-    const double min_s = quick ? 0.1 : 0.4;
+    const double min_s = quick ? 0.1 : 1.0;
 
     /* Memory read bandwidth, 1 thread and all threads: sampled at the start and again
      * before every case; the best sample counts (the machine may be shared). */

@@ -3,8 +3,10 @@
 
 Reads traces written by `bin/k3 ... --dump-expert-trace FILE` (or makes a
 synthetic one, --synth) and replays them, per expert server, against LRU, LFU,
-SIEVE, S3-FIFO and Belady's MIN at a range of cache sizes, modelling
-workers/expert_cache.c:
+SIEVE, S3-FIFO, PHIT (predicted hit, the default of workers/expert_cache.c) and
+Belady's MIN (future known) at a range of cache sizes, modelling
+workers/expert_cache.c (lru, lfu and phit are modelled exactly: same tie rules,
+same arithmetic, same hit counts - tests/t_45_cache_policy.sh checks it):
 
   * ownership: worker w owns (layer, expert) with (expert + layer) % W == w;
   * a request = the distinct experts one worker needs for one layer of one
@@ -29,12 +31,18 @@ caches hold together, hit % per policy); --json FILE writes the same numbers.
                       [--policies lru,lfu,...] [--json FILE]
   sim_expert_cache.py --synth NAME[:k=v,...] [--write-trace FILE] ...
 
+A policy may carry parameters, e.g. --policies "lru;lfu:tie=lru,age=64;phit:alpha=0.2"
+(with parameters, separate policies by ';'): lfu age (x slots uses between
+halvings, 16) and tie (mru|lru); phit alpha (0.05) and decay (4194304).
+
 Synthetic traces (--synth): layers L, experts E, top-k K, a prompt of P tokens
 in chunks of 64 then G decode tokens. Each layer has a fixed popularity
 (Zipf exponent `zipf` over a random permutation of its experts, 0 = uniform),
 and `stick` is the probability that each expert a token used at a layer is
 used again by the next token at that layer (temporal locality); the other
-picks are drawn by popularity without replacement. Presets: see SYNTH_PRESETS.
+picks are drawn by popularity without replacement; `shift` > 0 redraws every
+layer's popularity every `shift` decode tokens (a change of topic). Presets:
+see SYNTH_PRESETS; e.g. --synth k3:zipf=0.5,stick=0.3,shift=64,seed=2.
 """
 import argparse
 import heapq

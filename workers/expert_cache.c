@@ -31,7 +31,8 @@ typedef struct {
     uint64_t cycle;  /* forward pass of the last use */
     double rate;     /* phit: uses per pass (exponential average), as of the last use */
     uint32_t count;  /* lfu: uses, halved by aging */
-    uint32_t used;   /* 0: never used */
+    uint16_t used;   /* 0: never used */
+    uint16_t rclass; /* phit: rate class of `rate` */
 } key_state;
 
 typedef struct {
@@ -89,7 +90,7 @@ expert_cache *expert_cache_create(const expert_store *st, checkpoint *ck, uint64
     c->cur_layer = -1;
     c->slots = calloc(c->n_slots, sizeof *c->slots);
     c->direct_fd = malloc((size_t)ck->n_shards * sizeof *c->direct_fd);
-    c->keys = calloc((size_t)st->n_layers * (size_t)st->n_experts, sizeof *c->keys);
+    c->keys = calloc((size_t)st->n_layers * (size_t)st->n_experts + 1, sizeof *c->keys);
     c->in_request = calloc((size_t)st->n_experts + 1, 1);
     c->arena_bytes = c->n_slots * sb;
     if (node >= 0 && numa_available() >= 0) c->arena = numa_alloc_onnode(c->arena_bytes, node);
@@ -253,7 +254,7 @@ static void policy_begin(expert_cache *c, int layer, const int32_t *experts, siz
     for (int e = 0; e < c->n_experts; e++) {
         const key_state *k = key_of(c, layer, e);
         if (!k->used || c->cycle <= k->cycle) continue;
-        int b = phit_age_bucket(c->cycle - k->cycle), r = phit_rate_class(k->rate);
+        int b = phit_age_bucket(c->cycle - k->cycle), r = k->rclass;
         c->phit_opp[b][r] += 1;
         if (c->in_request[e]) c->phit_use[b][r] += 1;
         c->phit_nopp += 1;
@@ -274,6 +275,7 @@ static void policy_use(expert_cache *c, cache_slot *s) {
     k->stamp = c->clock;
     k->rate = k->used ? k->rate * pow(1.0 - PHIT_ALPHA, (double)(c->cycle - k->cycle)) : 0.0;
     k->rate += PHIT_ALPHA;
+    k->rclass = (uint16_t)phit_rate_class(k->rate);
     k->cycle = c->cycle;
     k->used = 1;
     k->count++;
@@ -302,7 +304,7 @@ static evict_key evict_key_of(expert_cache *c, const cache_slot *s) {
     case CACHE_POLICY_PHIT: {
         /* probability of a use when its layer comes round next; ties: the layer that comes round last */
         uint64_t a = c->cycle - k->cycle + (s->layer > c->cur_layer ? 0 : 1);
-        int b = phit_age_bucket(a), r = phit_rate_class(k->rate);
+        int b = phit_age_bucket(a), r = k->rclass;
         int d = ((s->layer - c->cur_layer) % c->n_layers + c->n_layers) % c->n_layers;
         if (d == 0) d = c->n_layers;
         return (evict_key){(c->phit_use[b][r] + 1.0) / (c->phit_opp[b][r] + 2.0), -(int64_t)d, id};

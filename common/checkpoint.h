@@ -4,7 +4,9 @@
  * is checked: every entry must exist in the shard it names) and otherwise every
  * *.safetensors file in the directory. Every shard header is validated
  * (safetensors.h); a tensor name found in two shards is refused. Shard data is
- * mapped read-only on first use (checkpoint_data), so a process touches only the
+ * read with checkpoint_read (pread) or by the trunk / expert readers; the engine
+ * never maps tensor data (checkpoint_data, a read-only mapping, is kept for tests
+ * as an independent path), so a process touches only the
  * shards that hold what it asks for. Shard file names are never assumed. */
 #ifndef K3_CHECKPOINT_H
 #define K3_CHECKPOINT_H

@@ -12,6 +12,7 @@
 #define _GNU_SOURCE /* sched_getcpu */
 #include "common/kernels.h"
 #include "common/file_read.h"
+#include "common/proc_stats.h"
 #include "coordinator/cli.h"
 #include "coordinator/chat_repl.h"
 #include "coordinator/sampler.h"
@@ -184,21 +185,10 @@ typedef struct {
     trunk *trunk;
 } run_info;
 
-/* VmHWM (peak resident set) of a process, in bytes; 0 if unknown. */
-static uint64_t peak_rss_of(const char *status_path) {
-    FILE *f = fopen(status_path, "r");
-    char line[256];
-    unsigned long long kb = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
-    if (f) fclose(f);
-    return (uint64_t)kb * 1024;
-}
-
 static json_t *memory_json(const run_info *ri, const expert_backend *eb) {
     json_t *j = json_object();
     const mem_plan *p = ri->plan;
-    uint64_t self = peak_rss_of("/proc/self/status"), total = self, hits = 0, misses = 0, bytes = 0;
+    uint64_t self = proc_peak_rss_bytes(0), total = self, hits = 0, misses = 0, bytes = 0;
     for (int i = 0; i < ri->n_workers; i++) {
         worker_stats ws;
         workers_pool_stats(eb, i, &ws);

@@ -52,11 +52,3 @@ void seq_state_free(seq_state *s) {
     free(s->mla);
     memset(s, 0, sizeof *s);
 }
-
-size_t seq_state_bytes(const seq_state *s, const k3_config *cfg) {
-    size_t b = 0;
-    for (int l = 0; l < s->n_layers; l++)
-        b += cfg->layer_is_mla[l] ? s->mla[l].cap * mla_row(cfg) * sizeof(float)
-                                  : (kda_s_floats(cfg) + kda_conv_floats(cfg)) * sizeof(float);
-    return b;
-}

@@ -36,7 +36,5 @@ void seq_state_reset(seq_state *s, const k3_config *cfg);
 /* Makes room for positions [0, need) in every MLA cache. */
 int seq_state_reserve(seq_state *s, const k3_config *cfg, size_t need, k3_error *err);
 void seq_state_free(seq_state *s);
-/* Bytes held (for plans and stats). */
-size_t seq_state_bytes(const seq_state *s, const k3_config *cfg);
 
 #endif

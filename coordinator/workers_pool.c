@@ -1,6 +1,7 @@
 /* workers_pool.c - expert servers as processes: spawn, dispatch, detect, restart (see workers_pool.h). */
 #define _GNU_SOURCE
 #include "coordinator/workers_pool.h"
+#include "common/proc_stats.h"
 #include "common/ring.h"
 #include "common/wire.h"
 #include <errno.h>
@@ -324,17 +325,7 @@ void workers_pool_stats(const expert_backend *b, int i, worker_stats *out) {
     out->direct_io = w->direct_io;
     out->requests = w->requests;
     out->wait_s = w->wait_s;
-    out->peak_rss_bytes = 0;
-    if (w->pid > 0) {
-        char path[64], line[256];
-        unsigned long long kb = 0;
-        snprintf(path, sizeof path, "/proc/%d/status", (int)w->pid);
-        FILE *f = fopen(path, "r");
-        while (f && fgets(line, sizeof line, f))
-            if (sscanf(line, "VmHWM: %llu kB", &kb) == 1) break;
-        if (f) fclose(f);
-        out->peak_rss_bytes = (uint64_t)kb * 1024;
-    }
+    out->peak_rss_bytes = w->pid > 0 ? proc_peak_rss_bytes((int)w->pid) : 0;
     if (w->rg.ctl) {
         out->hits += atomic_load(&w->rg.ctl->stat_hits);
         out->misses += atomic_load(&w->rg.ctl->stat_misses);

@@ -29,7 +29,7 @@ BENCH_BINS  = $(BENCH_SRCS:bench/%.c=$(BIN)/%)
 
 PROGS = $(BIN)/k3 $(if $(wildcard workers/expertd_main.c),$(BIN)/k3-expertd)
 
-.PHONY: all test unit asan fuzz bench bench-model ladder demo clean
+.PHONY: all deps test unit asan fuzz bench bench-model ladder demo clean
 all: $(PROGS) $(UNIT_BINS)
 
 $(BUILD)/%.o: %.c $(wildcard common/*.h coordinator/*.h workers/*.h)
@@ -56,8 +56,17 @@ $(BIN)/bench_%: $(BUILD)/bench/bench_%.o $(LIB)
 	@mkdir -p $(BIN)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
+# Debian packages: scripts/ensure_deps.sh GROUP installs what scripts/debian-packages.txt lists
+# and the machine lacks (as root), or prints the `sudo apt-get install` line and exits 2.
+# `demo`, `test`, `fuzz` check first, then build in a sub-make (so a fresh machine never
+# reaches the compiler without its headers). K3_SKIP_DEPS=1 skips the check.
+deps:
+	@scripts/ensure_deps.sh build
+
 # The whole suite: unit tests, model gates, traps, bad-input corpus, tokenizer.
-test: all
+test:
+	@scripts/ensure_deps.sh test
+	$(MAKE) all
 	tests/run.sh
 
 # Unit tests only (used by the sanitizer run).
@@ -66,12 +75,14 @@ unit: $(UNIT_BINS)
 
 # ASan/UBSan build of everything in build-asan/, bin-asan/, then unit tests + a model gate.
 asan:
+	@scripts/ensure_deps.sh test
 	$(MAKE) BUILD=build-asan BIN=bin-asan OPT=-O1 \
 	  EXTRA_CFLAGS="-fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer" \
 	  LDLIBS="-fsanitize=address,undefined $(LDLIBS)" unit bin-asan/k3 bin-asan/k3-expertd
 	K3_BIN=bin-asan/k3 tests/asan_gate.sh
 
 fuzz:
+	@scripts/ensure_deps.sh fuzz
 	tests/fuzz/run_fuzz.sh
 
 bench: $(BENCH_BINS) $(PROGS)
@@ -86,7 +97,9 @@ ladder: $(PROGS) bench-model
 	/usr/bin/python3 scripts/memory_ladder.py models-big/rw6 --workers 1 --gen 5 --md docs/PERFORMANCE.md
 
 # Bundled small model: generate (deterministically) and run it.
-demo: $(PROGS)
+demo:
+	@scripts/ensure_deps.sh build
+	$(MAKE) $(PROGS)
 	$(BIN)/k3 tests/models/m13 --prompt "The expert servers" --gen 24
 
 clean:

@@ -29,7 +29,7 @@ BENCH_BINS  = $(BENCH_SRCS:bench/%.c=$(BIN)/%)
 
 PROGS = $(BIN)/k3 $(if $(wildcard workers/expertd_main.c),$(BIN)/k3-expertd)
 
-.PHONY: all deps test unit asan fuzz bench bench-model ladder demo clean
+.PHONY: all deps test unit asan fuzz bench bench-model ladder demo readme-options clean
 all: $(PROGS) $(UNIT_BINS)
 
 $(BUILD)/%.o: %.c $(wildcard common/*.h coordinator/*.h workers/*.h)
@@ -101,6 +101,10 @@ demo:
 	@scripts/ensure_deps.sh build
 	$(MAKE) $(PROGS)
 	$(BIN)/k3 tests/models/m13 --prompt "The expert servers" --gen 24
+
+# The README's options table is generated from the flag table in coordinator/cli.c.
+readme-options: $(BIN)/k3
+	/usr/bin/python3 scripts/readme_options.py $(BIN)/k3
 
 clean:
 	rm -rf build build-asan bin bin-asan

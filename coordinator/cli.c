@@ -1,48 +1,181 @@
-/* cli.c - parsing of bin/k3's command line (see cli.h). */
+/* cli.c - bin/k3's command line (see cli.h): ONE table of flags that drives the parser
+ * (getopt_long), the defaults, `--help` and `--help-markdown` (the README's options table,
+ * which tests/t_06_cli.sh compares with README.md). */
 #include "coordinator/cli.h"
 #include "workers/expert_cache.h"
 #include <errno.h>
 #include <getopt.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
-void cli_usage(FILE *f) {
-    fprintf(f,
-            "usage: k3 MODEL_DIR (--ids 1,2,3 | --prompt TEXT | --prompt-file FILE) [options]\n"
-            "  --gen N              tokens to generate (default 16; greedy unless --temperature > 0)\n"
-            "  --temperature T      sample: T in [0, 100], 0 = greedy arg-max (default)\n"
-            "  --top-k K  --top-p P  --min-p M   filters when sampling (0 / 1 / 0 = off)\n"
-            "  --seed S             RNG seed for sampling (default 0; same seed, same ids everywhere)\n"
-            "  --stop-id N          also stop at token id N (repeatable or N,M,...)\n"
-            "  --chat               interactive chat on stdin/stdout (no prompt argument); /reset, /exit\n"
-            "  --system TEXT        chat: system message (\"\" = none)\n"
-            "  --thinking | --no-thinking   chat: K3 think or response section (default thinking)\n"
-            "  --template auto|k3|k2        chat template (default: from the tokenizer's specials)\n"
-            "  --max-tokens N       chat: tokens per reply at most (default 512)\n"
-            "  --json FILE          write prompt_ids, generated_ids, tf_pred, timing, peak RSS as JSON\n"
-            "  --dump-logits FILE   raw float32 logits of every position that predicts a token\n"
-            "  --teacher-force      also report the arg-max at every prompt position (tf_pred)\n"
-            "  --full-recompute     recompute the whole sequence for every token (no carried state)\n"
-            "  --threads N          OpenMP threads (default: all cores)\n"
-            "  --simd LEVEL         auto|scalar|avx2|avx512 (default auto; all give the same bits)\n"
-            "  --chunk N            prefill chunk size in tokens (default 64; never changes results)\n"
-            "  --workers N          expert-server processes (0 = experts in-process; default one per NUMA node)\n"
-            "  --workers-per-node N expert servers per NUMA node when --workers is not given (default 1)\n"
-            "  --numa auto|off      bind each expert server to its node (auto, multi-node machines only)\n"
-            "  --worker-threads N   OpenMP threads per expert server (default: --threads / workers)\n"
-            "  --expert-cache-mb MB expert cache per server (default: all of its experts, at most 4096)\n"
-            "  --expert-cache-policy P   lru|lfu|phit (default phit; see docs/PERFORMANCE.md)\n"
-            "  --worker-timeout-ms MS  restart a server that makes no progress this long (default 30000)\n"
-            "  --max-restarts N     restarts allowed per server before the run fails (default 3)\n"
-            "  --mem-gb X           total memory budget in GiB for all processes (fractions allowed)\n"
-            "  --preset NAME        laptop|desktop|workstation|server|max|auto (default auto); --list-presets\n"
-            "  --plan-only          print the memory plan (config.json alone is enough) and exit\n"
-            "  --max-context N      positions the MLA cache is planned for (default: prompt + gen)\n"
-            "  --dump-expert-trace FILE  write every routing decision (position, layer, top-k ids)\n"
-            "  k3 --tok DIR --encode FILE [--no-special] | --decode FILE   tokenizer only\n"
-            "exit status: 0 ok, 2 usage or refused model/input, 1 run-time failure\n");
+typedef struct cli_flag cli_flag;
+typedef enum {
+    CLI_SWITCH, /* no argument: stores (int)lo into the int field */
+    CLI_LONG,   /* integer in [lo, hi] into the long field */
+    CLI_DOUBLE, /* number in (lo, hi) (exclusive) into the double field */
+    CLI_STR,    /* the argument itself into the const char * field */
+    CLI_FN      /* fn(o, f, arg, err) */
+} cli_kind;
+
+struct cli_flag {
+    const char *name;  /* long option without the dashes */
+    const char *arg;   /* metavariable in the usage text; NULL: takes no argument */
+    cli_kind kind;
+    size_t off;        /* offsetof(options, field) for SWITCH/LONG/DOUBLE/STR */
+    double lo, hi;
+    int (*fn)(options *o, const cli_flag *f, const char *arg, k3_error *err);
+    const char *dflt;  /* applied through the same setter before argv is read; shown as (default ...) */
+    const char *help;  /* markdown, one README table row; NULL: shares the row above */
+};
+
+#define OFF(field) offsetof(options, field)
+
+static int set_sampling(options *o, const cli_flag *f, const char *arg, k3_error *err) {
+    char e[256];
+    if (sampler_parse_flag(&o->sampling, f->name, arg, e, sizeof e)) return k3_fail(err, "%s", e);
+    return 0;
 }
+
+static int add_stop_ids(options *o, const cli_flag *f, const char *arg, k3_error *err) {
+    int32_t *ids;
+    size_t n;
+    if (parse_ids(arg, &ids, &n)) {
+        free(ids);
+        return k3_fail(err, "--%s wants a token id (or a comma-separated list), got '%s'", f->name, arg);
+    }
+    int32_t *all = realloc(o->stop_ids, (o->n_stop_ids + n) * sizeof *all);
+    if (!all) { free(ids); return k3_fail(err, "out of memory"); }
+    memcpy(all + o->n_stop_ids, ids, n * sizeof *ids);
+    o->stop_ids = all;
+    o->n_stop_ids += n;
+    free(ids);
+    return 0;
+}
+
+static int set_policy(options *o, const cli_flag *f, const char *arg, k3_error *err) {
+    cache_policy pol;
+    if (cache_policy_parse(arg, &pol)) return k3_fail(err, "--%s wants lru|lfu|phit, got '%s'", f->name, arg);
+    o->cache_policy = arg;
+    return 0;
+}
+
+static int set_template(options *o, const cli_flag *f, const char *arg, k3_error *err) {
+    (void)f;
+    char e[256];
+    if (chat_template_parse(arg, &o->tmpl, e, sizeof e)) return k3_fail(err, "%s", e);
+    return 0;
+}
+
+static int set_simd(options *o, const cli_flag *f, const char *arg, k3_error *err) {
+    if (simd_level_parse(arg, &o->simd)) return k3_fail(err, "--%s wants auto|scalar|avx2|avx512, got '%s'", f->name, arg);
+    return 0;
+}
+
+static int set_numa(options *o, const cli_flag *f, const char *arg, k3_error *err) {
+    if (!strcmp(arg, "auto")) o->numa = 1;
+    else if (!strcmp(arg, "off")) o->numa = 0;
+    else return k3_fail(err, "--%s wants auto|off, got '%s'", f->name, arg);
+    return 0;
+}
+
+static int show_help(options *o, const cli_flag *f, const char *arg, k3_error *err) {
+    (void)o; (void)arg; (void)err;
+    if (!strcmp(f->name, "help")) cli_usage(stdout);
+    else cli_markdown(stdout);
+    exit(EXIT_OK);
+}
+
+/* THE flags of bin/k3. To add one:
+ *   1. a field in `options` (cli.h),
+ *   2. one row here, in the place it should appear in --help and the README:
+ *      { "name", "METAVAR" or NULL, kind, OFF(field), lo, hi, setter or NULL, "default" or NULL,
+ *        "help (markdown; NULL = same README row as the flag above)" },
+ *      a default given as text goes through the same setter as the command line, so it is
+ *      checked and cannot disagree with the help; a computed default belongs in the help text,
+ *   3. `make readme-options` rewrites the README table from `bin/k3 --help-markdown`
+ *      (tests/t_06_cli.sh fails while they differ).
+ * Nothing else lists flags. */
+static const cli_flag FLAGS[] = {
+    {"ids", "LIST", CLI_STR, OFF(ids_arg), 0, 0, NULL, NULL,
+     "prompt as comma-separated token ids (stdout: generated ids, space-separated)"},
+    {"prompt", "TEXT", CLI_STR, OFF(prompt), 0, 0, NULL, NULL,
+     "prompt as text, encoded with the model's tokenizer (special-token text allowed); stdout: generated text"},
+    {"prompt-file", "FILE", CLI_STR, OFF(prompt_file), 0, 0, NULL, NULL, NULL},
+    {"gen", "N", CLI_LONG, OFF(gen), 0, 1L << 24, NULL, "16",
+     "tokens to generate (greedy arg-max, lowest id on ties, unless `--temperature` > 0)"},
+    {"temperature", "T", CLI_FN, 0, 0, 0, set_sampling, "0",
+     "sampling in the coordinator with a fixed generator (SplitMix64 + xoshiro256**): a seed gives the same ids on any "
+     "machine, thread count, worker count and budget (docs/CHAT.md); T in [0, 100], 0 = greedy; "
+     "K 0, P 1, M 0 = filter off"},
+    {"top-k", "K", CLI_FN, 0, 0, 0, set_sampling, "0", NULL},
+    {"top-p", "P", CLI_FN, 0, 0, 0, set_sampling, "1", NULL},
+    {"min-p", "M", CLI_FN, 0, 0, 0, set_sampling, "0", NULL},
+    {"seed", "S", CLI_FN, 0, 0, 0, set_sampling, "0", NULL},
+    {"stop-id", "N", CLI_FN, 0, 0, 0, add_stop_ids, NULL, "stop after emitting id N (repeatable, or N,M,...)"},
+    {"chat", NULL, CLI_SWITCH, OFF(chat), 1, 0, NULL, NULL,
+     "interactive chat on stdin/stdout (K3 XTML or K2 `<|im_*|>` template from the tokenizer); `/reset`, `/exit`; "
+     "no prompt argument"},
+    {"system", "TEXT", CLI_STR, OFF(system), 0, 0, NULL, NULL, "chat: system message (\"\" = none)"},
+    {"thinking", NULL, CLI_SWITCH, OFF(thinking), 1, 0, NULL, "on", "chat: K3 think or response section"},
+    {"no-thinking", NULL, CLI_SWITCH, OFF(thinking), 0, 0, NULL, NULL, NULL},
+    {"template", "auto|k3|k2", CLI_FN, 0, 0, 0, set_template, "auto",
+     "chat template (auto: from the tokenizer's special tokens)"},
+    {"max-tokens", "N", CLI_LONG, OFF(max_tokens), 1, 1L << 24, NULL, "512", "chat: tokens per reply at most"},
+    {"json", "FILE", CLI_STR, OFF(json_path), 0, 0, NULL, NULL,
+     "`prompt_ids`, `generated_ids`, `generated_text`, `tf_pred`, `timing`, `peak_rss_bytes`, `n_workers`, "
+     "per-worker `workers` stats; `timing.decode_tokens_per_s` is `decode_tokens` / `decode_s`: the tokens after the "
+     "first (the first comes from the prefill's logits; with `--full-recompute` every token)"},
+    {"dump-logits", "FILE", CLI_STR, OFF(logits_path), 0, 0, NULL, NULL,
+     "raw little-endian float32 logits, one row of `vocab_size` per position that predicts a token: positions "
+     "`n_prompt-1 .. n_prompt+gen-2` (from 0 with `--teacher-force`)"},
+    {"teacher-force", NULL, CLI_SWITCH, OFF(teacher_force), 1, 0, NULL, NULL,
+     "one forward over the prompt; `tf_pred` = arg-max at every prompt position"},
+    {"full-recompute", NULL, CLI_SWITCH, OFF(full_recompute), 1, 0, NULL, NULL,
+     "recompute the whole sequence for every token instead of carrying KDA/MLA state (same bits)"},
+    {"threads", "N", CLI_LONG, OFF(threads), 1, 4096, NULL, NULL, "OpenMP threads of the coordinator (default: all cores)"},
+    {"simd", "auto|scalar|avx2|avx512", CLI_FN, 0, 0, 0, set_simd, "auto",
+     "kernel level (same bits; a level the CPU lacks exits 2)"},
+    {"chunk", "N", CLI_LONG, OFF(chunk), 1, 4096, NULL, "64", "prefill chunk in tokens (never changes results)"},
+    {"workers", "N", CLI_LONG, OFF(workers), 0, 256, NULL, NULL,
+     "expert-server processes; `0` computes experts in-process (default: one per NUMA node)"},
+    {"workers-per-node", "N", CLI_LONG, OFF(workers_per_node), 1, 64, NULL, "1",
+     "servers per NUMA node when `--workers` is not given"},
+    {"numa", "auto|off", CLI_FN, 0, 0, 0, set_numa, "auto",
+     "bind each server's threads and cache to its node (auto binds only on multi-node machines)"},
+    {"worker-threads", "N", CLI_LONG, OFF(worker_threads), 1, 4096, NULL, NULL,
+     "OpenMP threads per server (default `--threads / workers`)"},
+    {"expert-cache-mb", "MB", CLI_DOUBLE, OFF(cache_mb), 0, 1e9, NULL, NULL,
+     "expert cache per server (default: the memory plan's cache per server, i.e. all of its experts when the budget "
+     "allows; below one expert is refused)"},
+    {"expert-cache-policy", "P", CLI_FN, 0, 0, 0, set_policy, "phit",
+     "`lru`, `lfu` or `phit` (predicted hit, chosen by trace simulation; see docs/PERFORMANCE.md); never changes the ids"},
+    {"worker-timeout-ms", "MS", CLI_LONG, OFF(timeout_ms), 100, 86400000L, NULL, "30000",
+     "a server that makes no progress this long is restarted"},
+    {"max-restarts", "N", CLI_LONG, OFF(max_restarts), 0, 1000, NULL, "3", "restarts per server before the run fails"},
+    {"mem-gb", "X", CLI_DOUBLE, OFF(mem_gb), 0, 1e7, NULL, NULL,
+     "one memory budget in GiB for the coordinator and every expert server together (fractions allowed)"},
+    {"preset", "NAME", CLI_STR, OFF(preset), 0, 0, NULL, NULL,
+     "`laptop` 8, `desktop` 32, `workstation` 128, `server` 512 GiB, `max` (everything resident), `auto` (85 % of "
+     "MemAvailable; the default); `--list-presets` lists them"},
+    {"list-presets", NULL, CLI_SWITCH, OFF(list_presets), 1, 0, NULL, NULL, NULL},
+    {"plan-only", NULL, CLI_SWITCH, OFF(plan_only), 1, 0, NULL, NULL,
+     "print the memory plan and exit; needs only `config.json` (e.g. `bin/k3 configs/kimi-k3 --plan-only --mem-gb 8`)"},
+    {"max-context", "N", CLI_LONG, OFF(max_context), 1, 1L << 30, NULL, NULL,
+     "positions the MLA cache is planned for (default: prompt + gen; 4096 with `--chat` or `--plan-only`)"},
+    {"dump-expert-trace", "FILE", CLI_STR, OFF(trace_path), 0, 0, NULL, NULL,
+     "every routing decision: `pos layer e1 .. ek` per line (for `scripts/sim_expert_cache.py`)"},
+    {"tok", "DIR", CLI_STR, OFF(tok_dir), 0, 0, NULL, NULL,
+     "tokenizer only: `k3 --tok DIR (--encode FILE | --decode FILE) [--no-special]` (ids are space-separated)"},
+    {"encode", "FILE", CLI_STR, OFF(encode_file), 0, 0, NULL, NULL, NULL},
+    {"decode", "FILE", CLI_STR, OFF(decode_file), 0, 0, NULL, NULL, NULL},
+    {"no-special", NULL, CLI_SWITCH, OFF(no_special), 1, 0, NULL, NULL, NULL},
+    {"help", NULL, CLI_FN, 0, 0, 0, show_help, NULL,
+     "this text; `--help-markdown` prints this table (the README's is generated from it)"},
+    {"help-markdown", NULL, CLI_FN, 0, 0, 0, show_help, NULL, NULL},
+};
+#define N_FLAGS (sizeof FLAGS / sizeof FLAGS[0])
 
 static int parse_long(const char *s, long lo, long hi, long *out) {
     char *end;
@@ -80,136 +213,58 @@ int parse_ids(const char *s, int32_t **ids, size_t *n) {
     return *n ? 0 : -1;
 }
 
-static int num_opt(const char *name, const char *arg, long lo, long hi, long *out) {
-    if (parse_long(arg, lo, hi, out) == 0) return 0;
-    fprintf(stderr, "k3: %s wants an integer in [%ld, %ld], got '%s'\n", name, lo, hi, arg);
-    return -1;
+/* Applies one flag (arg NULL for a switch). */
+static int apply(options *o, const cli_flag *f, const char *arg, k3_error *err) {
+    char *base = (char *)o;
+    switch (f->kind) {
+    case CLI_SWITCH: *(int *)(base + f->off) = (int)f->lo; return 0;
+    case CLI_STR: *(const char **)(base + f->off) = arg; return 0;
+    case CLI_LONG:
+        if (parse_long(arg, (long)f->lo, (long)f->hi, (long *)(base + f->off)))
+            return k3_fail(err, "--%s wants an integer in [%ld, %ld], got '%s'", f->name, (long)f->lo, (long)f->hi, arg);
+        return 0;
+    case CLI_DOUBLE: {
+        char *end;
+        errno = 0;
+        double v = strtod(arg, &end);
+        if (errno || end == arg || *end || !(v > f->lo && v < f->hi))
+            return k3_fail(err, "--%s wants a number in (%g, %g), got '%s'", f->name, f->lo, f->hi, arg);
+        *(double *)(base + f->off) = v;
+        return 0;
+    }
+    case CLI_FN: return f->fn(o, f, arg, err);
+    }
+    return k3_fail(err, "--%s: bad flag table entry", f->name);
+}
+
+int cli_defaults(options *o, k3_error *err) {
+    memset(o, 0, sizeof *o);
+    o->workers = -1; /* one per NUMA node */
+    sampler_config_default(&o->sampling);
+    for (size_t i = 0; i < N_FLAGS; i++)
+        if (FLAGS[i].dflt && apply(o, &FLAGS[i], FLAGS[i].dflt, err))
+            return k3_fail(err, "default of --%s", FLAGS[i].name);
+    return 0;
 }
 
 int cli_parse(int argc, char **argv, options *o) {
-    static const struct option longopts[] = {
-        {"ids", required_argument, 0, 'i'},        {"prompt", required_argument, 0, 'p'},
-        {"prompt-file", required_argument, 0, 'P'}, {"gen", required_argument, 0, 'g'},
-        {"json", required_argument, 0, 'j'},       {"dump-logits", required_argument, 0, 'L'},
-        {"teacher-force", no_argument, 0, 'T'},    {"full-recompute", no_argument, 0, 'F'},
-        {"threads", required_argument, 0, 't'},    {"simd", required_argument, 0, 's'},
-        {"chunk", required_argument, 0, 'c'},      {"help", no_argument, 0, 'h'},
-        {"workers", required_argument, 0, 'W'},    {"workers-per-node", required_argument, 0, 'N'},
-        {"numa", required_argument, 0, 'U'},       {"worker-threads", required_argument, 0, 'R'},
-        {"expert-cache-mb", required_argument, 0, 'M'}, {"worker-timeout-ms", required_argument, 0, 'O'},
-        {"max-restarts", required_argument, 0, 'X'},  {"mem-gb", required_argument, 0, 'G'},
-        {"preset", required_argument, 0, 'S'},     {"list-presets", no_argument, 0, 'Z'},
-        {"plan-only", no_argument, 0, 'Y'},        {"max-context", required_argument, 0, 'C'},  {"dump-expert-trace", required_argument, 0, 'A'},
-        {"tok", required_argument, 0, 'k'},        {"encode", required_argument, 0, 'e'},
-        {"decode", required_argument, 0, 'd'},     {"no-special", no_argument, 0, 'n'},
-        {"temperature", required_argument, 0, 256}, {"top-k", required_argument, 0, 256},
-        {"top-p", required_argument, 0, 256},       {"min-p", required_argument, 0, 256},
-        {"seed", required_argument, 0, 256},        {"stop-id", required_argument, 0, 257},
-        {"chat", no_argument, 0, 258},              {"system", required_argument, 0, 259},
-        {"thinking", no_argument, 0, 260},          {"no-thinking", no_argument, 0, 261},
-        {"template", required_argument, 0, 262},    {"max-tokens", required_argument, 0, 263},
-        {"expert-cache-policy", required_argument, 0, 264},
-        {0, 0, 0, 0}};
-    memset(o, 0, sizeof *o);
-    o->gen = 16;
-    o->chunk = 64;
-    o->simd = SIMD_AUTO;
-    o->workers = -1;
-    o->workers_per_node = 1;
-    o->timeout_ms = 30000;
-    o->max_restarts = 3;
-    o->numa = 1;
-    sampler_config_default(&o->sampling);
-    o->thinking = 1;
-    o->max_tokens = 512;
-    int ch, li = -1;
-    char e[256];
+    k3_error err = {0};
+    struct option longopts[N_FLAGS + 1];
+    for (size_t i = 0; i < N_FLAGS; i++)
+        longopts[i] = (struct option){FLAGS[i].name, FLAGS[i].arg ? required_argument : no_argument, 0, 256 + (int)i};
+    longopts[N_FLAGS] = (struct option){0, 0, 0, 0};
+    if (cli_defaults(o, &err)) { fprintf(stderr, "k3: %s\n", err.msg); return -1; }
+    int ch;
     opterr = 0;
-    while ((ch = getopt_long(argc, argv, "h", longopts, &li)) != -1) {
-        switch (ch) {
-        case 256:
-            if (sampler_parse_flag(&o->sampling, longopts[li].name, optarg, e, sizeof e)) { fprintf(stderr, "k3: %s\n", e); return -1; }
-            break;
-        case 257: {
-            int32_t *ids;
-            size_t n;
-            if (parse_ids(optarg, &ids, &n)) { fprintf(stderr, "k3: --stop-id wants a token id (or a comma-separated list), got '%s'\n", optarg); return -1; }
-            int32_t *all = realloc(o->stop_ids, (o->n_stop_ids + n) * sizeof *all);
-            if (!all) { free(ids); fprintf(stderr, "k3: out of memory\n"); return -1; }
-            memcpy(all + o->n_stop_ids, ids, n * sizeof *ids);
-            o->stop_ids = all;
-            o->n_stop_ids += n;
-            free(ids);
-            break;
-        }
-        case 264: {
-            cache_policy pol;
-            if (cache_policy_parse(optarg, &pol)) { fprintf(stderr, "k3: --expert-cache-policy wants lru|lfu|phit, got '%s'\n", optarg); return -1; }
-            o->cache_policy = optarg;
-            break;
-        }
-        case 258: o->chat = 1; break;
-        case 259: o->system = optarg; break;
-        case 260: o->thinking = 1; break;
-        case 261: o->thinking = 0; break;
-        case 262: if (chat_template_parse(optarg, &o->tmpl, e, sizeof e)) { fprintf(stderr, "k3: %s\n", e); return -1; } break;
-        case 263: if (num_opt("--max-tokens", optarg, 1, 1L << 24, &o->max_tokens)) return -1; break;
-        case 'i': o->ids_arg = optarg; break;
-        case 'p': o->prompt = optarg; break;
-        case 'P': o->prompt_file = optarg; break;
-        case 'j': o->json_path = optarg; break;
-        case 'L': o->logits_path = optarg; break;
-        case 'T': o->teacher_force = 1; break;
-        case 'F': o->full_recompute = 1; break;
-        case 'g': if (num_opt("--gen", optarg, 0, 1L << 24, &o->gen)) return -1; break;
-        case 't': if (num_opt("--threads", optarg, 1, 4096, &o->threads)) return -1; break;
-        case 'c': if (num_opt("--chunk", optarg, 1, 4096, &o->chunk)) return -1; break;
-        case 's':
-            if (simd_level_parse(optarg, &o->simd)) { fprintf(stderr, "k3: --simd wants auto|scalar|avx2|avx512, got '%s'\n", optarg); return -1; }
-            break;
-        case 'W': if (num_opt("--workers", optarg, 0, 256, &o->workers)) return -1; break;
-        case 'N': if (num_opt("--workers-per-node", optarg, 1, 64, &o->workers_per_node)) return -1; break;
-        case 'R': if (num_opt("--worker-threads", optarg, 1, 4096, &o->worker_threads)) return -1; break;
-        case 'M': {
-            char *end;
-            o->cache_mb = strtod(optarg, &end);
-            if (end == optarg || *end || !(o->cache_mb > 0 && o->cache_mb < 1e9)) {
-                fprintf(stderr, "k3: --expert-cache-mb wants a positive number of MiB, got '%s'\n", optarg);
-                return -1;
-            }
-            break;
-        }
-        case 'O': if (num_opt("--worker-timeout-ms", optarg, 100, 86400000L, &o->timeout_ms)) return -1; break;
-        case 'X': if (num_opt("--max-restarts", optarg, 0, 1000, &o->max_restarts)) return -1; break;
-        case 'U':
-            if (!strcmp(optarg, "auto")) o->numa = 1;
-            else if (!strcmp(optarg, "off")) o->numa = 0;
-            else { fprintf(stderr, "k3: --numa wants auto|off, got '%s'\n", optarg); return -1; }
-            break;
-        case 'k': o->tok_dir = optarg; break;
-        case 'A': o->trace_path = optarg; break;
-        case 'S': o->preset = optarg; break;
-        case 'Z': o->list_presets = 1; return 0;
-        case 'Y': o->plan_only = 1; break;
-        case 'C': if (num_opt("--max-context", optarg, 1, 1L << 30, &o->max_context)) return -1; break;
-        case 'G': {
-            char *end;
-            o->mem_gb = strtod(optarg, &end);
-            if (end == optarg || *end || !(o->mem_gb > 0 && o->mem_gb < 1e7)) {
-                fprintf(stderr, "k3: --mem-gb wants a positive number of GiB, got '%s'\n", optarg);
-                return -1;
-            }
-            break;
-        }
-        case 'e': o->encode_file = optarg; break;
-        case 'd': o->decode_file = optarg; break;
-        case 'n': o->no_special = 1; break;
-        case 'h': cli_usage(stdout); exit(EXIT_OK);
-        default:
+    while ((ch = getopt_long(argc, argv, "h", longopts, NULL)) != -1) {
+        if (ch == 'h') { cli_usage(stdout); exit(EXIT_OK); }
+        if (ch < 256 || ch >= 256 + (int)N_FLAGS) {
             fprintf(stderr, "k3: unknown or incomplete option '%s'\n", argv[optind - 1]);
             return -1;
         }
+        if (apply(o, &FLAGS[ch - 256], optarg, &err)) { fprintf(stderr, "k3: %s\n", err.msg); return -1; }
     }
+    if (o->list_presets) return 0;
     if (o->encode_file || o->decode_file) {
         if (!o->tok_dir && optind == argc - 1) o->tok_dir = argv[optind++];
         if (!o->tok_dir || optind != argc || (o->encode_file && o->decode_file)) {
@@ -232,4 +287,96 @@ int cli_parse(int argc, char **argv, options *o) {
     }
     if (sources != 1) { fprintf(stderr, "k3: give exactly one of --ids, --prompt, --prompt-file\n"); return -1; }
     return 0;
+}
+
+/* ---- the usage text and the README table, both from FLAGS ---- */
+
+static const char SYNOPSIS[] =
+    "bin/k3 MODEL_DIR (--ids 1,2,3 | --prompt TEXT | --prompt-file FILE) [options]\n"
+    "bin/k3 MODEL_DIR --chat [options]\n"
+    "bin/k3 MODEL_DIR --plan-only [--mem-gb X | --preset NAME] [--max-context N]\n"
+    "bin/k3 --tok DIR (--encode FILE | --decode FILE) [--no-special]\n";
+
+/* A README row / usage entry: flag i and the following flags whose help is NULL. */
+static size_t row_end(size_t i) {
+    size_t j = i + 1;
+    while (j < N_FLAGS && !FLAGS[j].help) j++;
+    return j;
+}
+
+/* The help of the row [i, j) followed by its defaults, into buf (markdown; backticks kept). */
+static void row_help(size_t i, size_t j, char *buf, size_t len) {
+    size_t n = (size_t)snprintf(buf, len, "%s", FLAGS[i].help);
+    int nd = 0;
+    for (size_t k = i; k < j; k++) nd += FLAGS[k].dflt != NULL;
+    for (size_t k = i, d = 0; k < j && n < len; k++) {
+        if (!FLAGS[k].dflt) continue;
+        const char *pre = d++ ? ", " : nd > 1 ? " (defaults: " : " (default ";
+        if (FLAGS[k].kind == CLI_SWITCH) n += (size_t)snprintf(buf + n, len - n, "%s`--%s`", pre, FLAGS[k].name);
+        else if (j - i > 1) n += (size_t)snprintf(buf + n, len - n, "%s`--%s %s`", pre, FLAGS[k].name, FLAGS[k].dflt);
+        else n += (size_t)snprintf(buf + n, len - n, "%s%s", pre, FLAGS[k].dflt);
+    }
+    if (nd && n < len) snprintf(buf + n, len - n, ")");
+}
+
+void cli_markdown(FILE *f) {
+    fprintf(f, "```\n%s```\n\n| option | meaning |\n|---|---|\n", SYNOPSIS);
+    char help[2048];
+    for (size_t i = 0; i < N_FLAGS; i = row_end(i)) {
+        size_t j = row_end(i);
+        fputs("| ", f);
+        for (size_t k = i; k < j; k++) {
+            fprintf(f, "%s`--%s", k > i ? ", " : "", FLAGS[k].name);
+            if (FLAGS[k].arg) {
+                fputc(' ', f);
+                for (const char *c = FLAGS[k].arg; *c; c++) {
+                    if (*c == '|') fputc('\\', f);
+                    fputc(*c, f);
+                }
+            }
+            fputc('`', f);
+        }
+        fputs(" | ", f);
+        row_help(i, j, help, sizeof help);
+        for (const char *c = help; *c; c++) {
+            if (*c == '|') fputc('\\', f); /* a table cell, even inside `code` */
+            fputc(*c, f);
+        }
+        fputs(" |\n", f);
+    }
+}
+
+/* The same rows as plain text: flags, then the help (backticks dropped) wrapped at 96 columns. */
+void cli_usage(FILE *f) {
+    fprintf(f, "usage:\n");
+    for (const char *s = SYNOPSIS; *s;) {
+        const char *e = strchr(s, '\n');
+        fprintf(f, "  %.*s\n", (int)(e - s), s);
+        s = e + 1;
+    }
+    fprintf(f, "options:\n");
+    char help[2048];
+    for (size_t i = 0; i < N_FLAGS; i = row_end(i)) {
+        size_t j = row_end(i);
+        fputs("  ", f);
+        for (size_t k = i; k < j; k++)
+            fprintf(f, "%s--%s%s%s", k > i ? ", " : "", FLAGS[k].name, FLAGS[k].arg ? " " : "", FLAGS[k].arg ? FLAGS[k].arg : "");
+        row_help(i, j, help, sizeof help);
+        size_t n = 0;
+        for (const char *c = help; *c; c++)
+            if (*c != '`') help[n++] = *c;
+        help[n] = 0;
+        fputs("\n      ", f);
+        size_t col = 6;
+        char *save = NULL;
+        for (char *w = strtok_r(help, " ", &save); w; w = strtok_r(NULL, " ", &save)) {
+            size_t wl = strlen(w);
+            if (col > 6 && col + 1 + wl > 96) { fputs("\n      ", f); col = 6; }
+            else if (col > 6) { fputc(' ', f); col++; }
+            fputs(w, f);
+            col += wl;
+        }
+        fputc('\n', f);
+    }
+    fprintf(f, "exit status: 0 ok, 2 usage or refused model/input, 1 run-time failure\n");
 }

@@ -1,12 +1,18 @@
 /* cli.h - bin/k3's command line: the options and their parsing.
  *
- * cli_parse fills an options struct from argv with getopt_long, range-checks
- * every number, refuses contradictory combinations, and prints what is wrong on
- * stderr (returning -1: the caller exits 2). It allocates only o->stop_ids
- * (free() it). Defaults live here and are listed by cli_usage. */
+ * One table in cli.c (FLAGS: name, argument, field, range or setter, default, help) drives
+ * everything: cli_parse (getopt_long built from it), cli_defaults, cli_usage (`--help`) and
+ * cli_markdown (`--help-markdown`, the README's options table; tests/t_06_cli.sh checks the
+ * README against it). How to add a flag: the comment above FLAGS in cli.c.
+ *
+ * cli_parse fills an options struct from argv, range-checks every number, refuses
+ * contradictory combinations, and prints what is wrong on stderr (returning -1: the caller
+ * exits 2). It allocates only o->stop_ids (free() it). `--help` / `--help-markdown` print
+ * and exit 0. */
 #ifndef K3_CLI_H
 #define K3_CLI_H
 
+#include "common/error.h"
 #include "common/kernels.h"
 #include "coordinator/chat.h"
 #include "coordinator/sampler.h"
@@ -42,7 +48,10 @@ typedef struct {
 } options;
 
 int cli_parse(int argc, char **argv, options *o);
+/* Every field at its default (the table's defaults through the same setters). 0 or -1. */
+int cli_defaults(options *o, k3_error *err);
 void cli_usage(FILE *f);
+void cli_markdown(FILE *f);
 /* "1,2,3" -> ids (malloc'd); strict: digits and single commas only. 0 or -1. */
 int parse_ids(const char *s, int32_t **ids, size_t *n);
 

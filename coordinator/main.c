@@ -251,7 +251,11 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         json_object_set_new(tm, "load_s", json_real(ri->load_s));
         json_object_set_new(tm, "prefill_s", json_real(r->prefill_s));
         json_object_set_new(tm, "decode_s", json_real(r->decode_s));
-        json_object_set_new(tm, "decode_tokens_per_s", json_real(r->decode_s > 0 ? (double)r->n_gen / r->decode_s : 0));
+        /* incremental: the first generated token comes from the prefill's logits, so decode_s covers
+         * the forwards of the other n_gen - 1; full recompute runs every token's forward in decode_s */
+        size_t n_dec = o->full_recompute ? r->n_gen : r->n_gen > 0 ? r->n_gen - 1 : 0;
+        json_object_set_new(tm, "decode_tokens", json_integer((json_int_t)n_dec));
+        json_object_set_new(tm, "decode_tokens_per_s", json_real(r->decode_s > 0 ? (double)n_dec / r->decode_s : 0));
         json_object_set_new(j, "timing", tm);
         json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)ru.ru_maxrss * 1024));
         json_object_set_new(j, "n_workers", json_integer(ri->n_workers));

@@ -171,6 +171,15 @@ static const cli_flag FLAGS[] = {
     {"encode", "FILE", CLI_STR, OFF(encode_file), 0, 0, NULL, NULL, NULL},
     {"decode", "FILE", CLI_STR, OFF(decode_file), 0, 0, NULL, NULL, NULL},
     {"no-special", NULL, CLI_SWITCH, OFF(no_special), 1, 0, NULL, NULL, NULL},
+    {"doctor", NULL, CLI_SWITCH, OFF(doctor), 1, 0, NULL, NULL,
+     "`k3 --doctor [MODEL_DIR] [--json FILE]`: checks this machine (SIMD, NUMA, memory, /dev/shm, limits, the "
+     "model's file system and read rate) and recommends `--mem-gb`, `--workers`, `--threads` with an s/token estimate"},
+    {"verify", NULL, CLI_SWITCH, OFF(verify), 1, 0, NULL, NULL,
+     "`k3 --verify MODEL_DIR [--sha256] [--expect FILE] [--json FILE]`: reads every byte once and checks headers, "
+     "index, dtypes/shapes, MXFP4 scale bytes and float values; `--sha256` prints each shard's digest, `--expect` "
+     "compares with a sha256sum file; exit 2 names every problem"},
+    {"sha256", NULL, CLI_SWITCH, OFF(sha256), 1, 0, NULL, NULL, NULL},
+    {"expect", "FILE", CLI_STR, OFF(expect_path), 0, 0, NULL, NULL, NULL},
     {"help", NULL, CLI_FN, 0, 0, 0, show_help, NULL,
      "this text; `--help-markdown` prints this table (the README's is generated from it)"},
     {"help-markdown", NULL, CLI_FN, 0, 0, 0, show_help, NULL, NULL},
@@ -273,6 +282,14 @@ int cli_parse(int argc, char **argv, options *o) {
         }
         return 0;
     }
+    if (o->doctor || o->verify) { /* operator tools (doctor.h, verify.h) */
+        if ((o->doctor && o->verify) || optind < argc - 1 || (o->verify && optind != argc - 1) || ((o->sha256 || o->expect_path) && !o->verify)) {
+            fprintf(stderr, "k3: the tools are: k3 --doctor [MODEL_DIR] [--json FILE] | k3 --verify MODEL_DIR [--sha256] [--expect FILE] [--json FILE]\n");
+            return -1;
+        }
+        o->model_dir = optind < argc ? argv[optind] : NULL;
+        return 0;
+    }
     if (optind != argc - 1) { fprintf(stderr, "k3: expected exactly one MODEL_DIR\n"); return -1; }
     o->model_dir = argv[optind];
     if (o->mem_gb > 0 && o->preset) { fprintf(stderr, "k3: give --mem-gb or --preset, not both\n"); return -1; }
@@ -295,7 +312,9 @@ static const char SYNOPSIS[] =
     "bin/k3 MODEL_DIR (--ids 1,2,3 | --prompt TEXT | --prompt-file FILE) [options]\n"
     "bin/k3 MODEL_DIR --chat [options]\n"
     "bin/k3 MODEL_DIR --plan-only [--mem-gb X | --preset NAME] [--max-context N]\n"
-    "bin/k3 --tok DIR (--encode FILE | --decode FILE) [--no-special]\n";
+    "bin/k3 --tok DIR (--encode FILE | --decode FILE) [--no-special]\n"
+    "bin/k3 --doctor [MODEL_DIR] [--json FILE]\n"
+    "bin/k3 --verify MODEL_DIR [--sha256] [--expect FILE] [--json FILE]\n";
 
 /* A README row / usage entry: flag i and the following flags whose help is NULL. */
 static size_t row_end(size_t i) {

@@ -45,6 +45,9 @@ typedef struct {
     long max_tokens;
     int32_t *stop_ids;
     size_t n_stop_ids;
+    /* operator tools: --doctor [MODEL_DIR], --verify MODEL_DIR */
+    int doctor, verify, sha256;
+    const char *expect_path;
 } options;
 
 int cli_parse(int argc, char **argv, options *o);

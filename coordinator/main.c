@@ -20,6 +20,8 @@
 #include "coordinator/generate.h"
 #include "coordinator/plan.h"
 #include "coordinator/tokenize_cmd.h"
+#include "coordinator/doctor.h"
+#include "coordinator/verify.h"
 #include "coordinator/tokenizer.h"
 #include "coordinator/workers_pool.h"
 #include <errno.h>
@@ -364,6 +366,8 @@ int main(int argc, char **argv) {
     if (cli_parse(argc, argv, &o)) { cli_usage(stderr); return EXIT_USAGE; }
     if (o.encode_file || o.decode_file) return tokenize_command(o.tok_dir, o.encode_file, o.decode_file, o.no_special);
     if (o.list_presets) { list_presets(); return EXIT_OK; }
+    if (o.verify) return verify_run(&(verify_options){o.model_dir, o.sha256, o.expect_path, o.json_path, (int)o.threads});
+    if (o.doctor) return doctor_run(&(doctor_options){o.model_dir, o.json_path, o.chunk});
     if (o.plan_only) return plan_only(&o);
     /* Idle OpenMP threads must sleep, not spin: with expert servers the
      * coordinator's cores sit idle while they compute, and on a shared machine a

@@ -1,0 +1,574 @@
+/* doctor.c - the machine check and settings advice of `bin/k3 --doctor` (see doctor.h).
+ *
+ * Order: gather facts (CPU, topology, memory, /dev/shm, limits, the model's file
+ * system and read rate, DRAM read rate), then plan (plan_make from config.json
+ * alone), then print facts, advice with its reasoning, and problems with fixes. */
+#define _GNU_SOURCE /* O_DIRECT */
+#include "coordinator/doctor.h"
+#include "common/checkpoint.h"
+#include "common/config.h"
+#include "common/kernels.h"
+#include "coordinator/plan.h"
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <math.h>
+#include <numa.h>
+#include <omp.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/statfs.h>
+#include <sys/statvfs.h>
+#include <time.h>
+#include <unistd.h>
+
+#define GIB (1024.0 * 1024.0 * 1024.0)
+#define MIB (1024.0 * 1024.0)
+#define MAX_NODES 64
+#define READ_TEST_SECONDS 2.0
+#define READ_TEST_BYTES ((uint64_t)2 << 30)
+#define READ_CHUNK ((uint64_t)8 << 20)
+#define IO_ALIGN_ 4096u
+
+typedef struct {
+    int id, n_cpus;
+    char cpulist[256];
+    uint64_t mem_total, mem_free;
+} topo_node;
+
+typedef struct {
+    int n_nodes;
+    topo_node node[MAX_NODES];
+} topo_info;
+
+typedef struct {
+    char problems[32][512];
+    int n;
+} problem_list;
+
+static void problem(problem_list *pl, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void problem(problem_list *pl, const char *fmt, ...) {
+    if (pl->n >= 32) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(pl->problems[pl->n++], sizeof pl->problems[0], fmt, ap);
+    va_end(ap);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+/* First line of a small file, newline stripped; "" if unreadable. */
+static void read_line(const char *path, char *buf, size_t len) {
+    buf[0] = 0;
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    if (fgets(buf, (int)len, f)) buf[strcspn(buf, "\n")] = 0;
+    fclose(f);
+}
+
+/* Number of CPUs in a list like "0-3,8,10-11". */
+static int count_cpulist(const char *s) {
+    int n = 0;
+    while (*s) {
+        char *end;
+        long a = strtol(s, &end, 10), b = a;
+        if (end == s) break;
+        if (*end == '-') { s = end + 1; b = strtol(s, &end, 10); }
+        if (b >= a) n += (int)(b - a + 1);
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') break;
+    }
+    return n;
+}
+
+/* A "Key: N kB" value of a meminfo-style file, in bytes (counts without kB as is); 0 if absent. */
+static uint64_t meminfo_value(const char *path, const char *key) {
+    FILE *f = fopen(path, "r");
+    if (!f) return 0;
+    char line[256];
+    uint64_t v = 0;
+    size_t kl = strlen(key);
+    while (fgets(line, sizeof line, f)) {
+        char *k = strstr(line, key);
+        if (!k || k[kl] != ':' || (k != line && k[-1] != ' ')) continue;
+        unsigned long long x = strtoull(k + kl + 1, NULL, 10);
+        v = strstr(k, "kB") ? x * 1024ull : x;
+        break;
+    }
+    fclose(f);
+    return v;
+}
+
+/* The NUMA topology from /sys/devices/system/node (one node with every CPU when
+ * the directory is absent). The one place that reads it; to be replaced by the
+ * topology module (common/topology.h) when it lands. */
+static void read_topology(topo_info *t, int online_cpus) {
+    memset(t, 0, sizeof *t);
+    DIR *d = opendir("/sys/devices/system/node");
+    struct dirent *de;
+    while (d && (de = readdir(d)) && t->n_nodes < MAX_NODES) {
+        int id;
+        char tail;
+        if (sscanf(de->d_name, "node%d%c", &id, &tail) != 1) continue;
+        topo_node *n = &t->node[t->n_nodes++];
+        char path[320];
+        n->id = id;
+        snprintf(path, sizeof path, "/sys/devices/system/node/%s/cpulist", de->d_name);
+        read_line(path, n->cpulist, sizeof n->cpulist);
+        n->n_cpus = count_cpulist(n->cpulist);
+        snprintf(path, sizeof path, "/sys/devices/system/node/%s/meminfo", de->d_name);
+        n->mem_total = meminfo_value(path, "MemTotal");
+        n->mem_free = meminfo_value(path, "MemFree");
+    }
+    if (d) closedir(d);
+    for (int i = 1; i < t->n_nodes; i++) /* readdir order is arbitrary */
+        for (int j = i; j > 0 && t->node[j].id < t->node[j - 1].id; j--) {
+            topo_node tmp = t->node[j];
+            t->node[j] = t->node[j - 1];
+            t->node[j - 1] = tmp;
+        }
+    if (t->n_nodes == 0) {
+        t->n_nodes = 1;
+        t->node[0].n_cpus = online_cpus;
+        snprintf(t->node[0].cpulist, sizeof t->node[0].cpulist, "0-%d", online_cpus - 1);
+        t->node[0].mem_total = meminfo_value("/proc/meminfo", "MemTotal");
+        t->node[0].mem_free = meminfo_value("/proc/meminfo", "MemFree");
+    }
+}
+
+/* ---- the model's file system ---- */
+
+typedef struct {
+    int fd;
+    uint64_t size;
+} rt_file;
+
+typedef struct {
+    rt_file *files;
+    int n_files;
+    pthread_mutex_t mu;
+    int cur;
+    uint64_t off, bytes, limit;
+    double t_end;
+    int err;
+} read_test;
+
+static void *read_test_thread(void *arg) {
+    read_test *rt = arg;
+    void *buf = NULL;
+    if (posix_memalign(&buf, IO_ALIGN_, READ_CHUNK)) return NULL;
+    for (;;) {
+        pthread_mutex_lock(&rt->mu);
+        while (rt->cur < rt->n_files && rt->off >= rt->files[rt->cur].size) { rt->cur++; rt->off = 0; }
+        int stop = rt->cur >= rt->n_files || rt->bytes >= rt->limit || now_s() > rt->t_end || rt->err;
+        int fd = stop ? -1 : rt->files[rt->cur].fd;
+        uint64_t off = rt->off;
+        rt->off += READ_CHUNK;
+        pthread_mutex_unlock(&rt->mu);
+        if (stop) break;
+        ssize_t r = pread(fd, buf, READ_CHUNK, (off_t)off);
+        pthread_mutex_lock(&rt->mu);
+        if (r < 0) rt->err = errno;
+        else rt->bytes += (uint64_t)r;
+        pthread_mutex_unlock(&rt->mu);
+    }
+    free(buf);
+    return NULL;
+}
+
+typedef struct {
+    int have_model, config_ok, ckpt_ok, n_shards;
+    uint64_t shard_bytes;
+    char fs_type[32];
+    int direct_ok;          /* 1 accepted, 0 refused, -1 not tested */
+    char direct_why[128];
+    double read_gbs;        /* 0: not measured */
+    uint64_t read_bytes;
+    double read_s;
+    int read_buffered;
+} model_fs;
+
+static const char *fs_name(long type) {
+    switch ((unsigned long)type) {
+    case 0xEF53: return "ext2/3/4";
+    case 0x58465342: return "xfs";
+    case 0x9123683E: return "btrfs";
+    case 0x01021994: return "tmpfs";
+    case 0x794C7630: return "overlayfs";
+    case 0x6969: return "nfs";
+    case 0x2FC12FC1: return "zfs";
+    case 0x65735546: return "fuse";
+    case 0xFF534D42: return "cifs";
+    case 0x5346544E: return "ntfs";
+    case 0xF2F52010: return "f2fs";
+    case 0x01021997: return "9p";
+    default: return NULL;
+    }
+}
+
+static void probe_model_fs(const char *dir, const checkpoint *ck, model_fs *mf) {
+    struct statfs sf;
+    if (statfs(dir, &sf) == 0) {
+        const char *n = fs_name((long)sf.f_type);
+        if (n) snprintf(mf->fs_type, sizeof mf->fs_type, "%s", n);
+        else snprintf(mf->fs_type, sizeof mf->fs_type, "0x%lx", (unsigned long)sf.f_type);
+    }
+    mf->direct_ok = -1;
+    if (!ck || ck->n_shards == 0) return;
+    /* O_DIRECT: open and one aligned read of the first shard */
+    int fd = open(ck->shards[0].file.path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+    if (fd < 0) {
+        mf->direct_ok = 0;
+        snprintf(mf->direct_why, sizeof mf->direct_why, "open(O_DIRECT): %s", strerror(errno));
+    } else {
+        void *buf = NULL;
+        if (posix_memalign(&buf, IO_ALIGN_, IO_ALIGN_) == 0) {
+            ssize_t r = pread(fd, buf, IO_ALIGN_, 0);
+            mf->direct_ok = r >= 0;
+            if (r < 0) snprintf(mf->direct_why, sizeof mf->direct_why, "aligned pread with O_DIRECT: %s", strerror(errno));
+            free(buf);
+        }
+        close(fd);
+    }
+    /* bounded sequential read: the shards in order, 4 reads in flight */
+    read_test rt = {.limit = READ_TEST_BYTES};
+    rt.files = calloc((size_t)ck->n_shards, sizeof *rt.files);
+    if (!rt.files) return;
+    for (int s = 0; s < ck->n_shards; s++) {
+        rt_file *f = &rt.files[rt.n_files];
+        f->fd = open(ck->shards[s].file.path, O_RDONLY | O_CLOEXEC | (mf->direct_ok == 1 ? O_DIRECT : 0));
+        f->size = ck->shards[s].file.file_size;
+        if (f->fd >= 0) rt.n_files++;
+    }
+    mf->read_buffered = mf->direct_ok != 1;
+    pthread_mutex_init(&rt.mu, NULL);
+    pthread_t th[4];
+    int started = 0;
+    double t0 = now_s();
+    rt.t_end = t0 + READ_TEST_SECONDS;
+    for (int i = 0; i < 4; i++)
+        if (pthread_create(&th[started], NULL, read_test_thread, &rt) == 0) started++;
+    for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+    mf->read_s = now_s() - t0;
+    mf->read_bytes = rt.bytes;
+    if (rt.bytes && mf->read_s > 0) mf->read_gbs = rt.bytes / mf->read_s / 1e9;
+    for (int i = 0; i < rt.n_files; i++) close(rt.files[i].fd);
+    free(rt.files);
+    pthread_mutex_destroy(&rt.mu);
+}
+
+/* DRAM read rate: every thread sums its share of a 256 MiB buffer, best of 3. */
+static double dram_read_gbs(void) {
+    size_t n = (size_t)256 << 20 >> 3;
+    uint64_t *a = malloc(n * sizeof *a);
+    if (!a) return 0;
+#pragma omp parallel for schedule(static)
+    for (size_t i = 0; i < n; i++) a[i] = i;
+    double best = 0;
+    volatile uint64_t sink = 0;
+    for (int rep = 0; rep < 3; rep++) {
+        double t0 = now_s();
+        uint64_t s = 0;
+#pragma omp parallel for schedule(static) reduction(+ : s)
+        for (size_t i = 0; i < n; i++) s += a[i];
+        double dt = now_s() - t0;
+        sink += s;
+        if (dt > 0 && n * 8 / dt > best) best = n * 8 / dt;
+    }
+    (void)sink;
+    free(a);
+    return best / 1e9;
+}
+
+static const char *limit_str(rlim_t v, char *buf, size_t len) {
+    if (v == RLIM_INFINITY) snprintf(buf, len, "unlimited");
+    else snprintf(buf, len, "%llu", (unsigned long long)v);
+    return buf;
+}
+
+static json_t *jlimit(rlim_t v) { return v == RLIM_INFINITY ? json_string("unlimited") : json_integer((json_int_t)v); }
+
+int doctor_run(const doctor_options *o) {
+    problem_list pl = {.n = 0};
+    json_t *j = json_object();
+    /* ---- CPU ---- */
+    long online = sysconf(_SC_NPROCESSORS_ONLN);
+    if (online < 1) online = 1;
+    char model_name[256] = "";
+    FILE *ci = fopen("/proc/cpuinfo", "r");
+    if (ci) {
+        char line[512];
+        while (fgets(line, sizeof line, ci))
+            if (!strncmp(line, "model name", 10) && strchr(line, ':')) {
+                snprintf(model_name, sizeof model_name, "%s", strchr(line, ':') + 2);
+                model_name[strcspn(model_name, "\n")] = 0;
+                break;
+            }
+        fclose(ci);
+    }
+    int has_avx2 = kernels_get(SIMD_AVX2) != NULL, has_avx512 = kernels_get(SIMD_AVX512) != NULL;
+    const kernels *best = kernels_get(SIMD_AUTO);
+    printf("k3 doctor\n\nCPU\n  %s\n  %ld online cores; kernels: scalar yes, avx2 %s, avx512 %s -> --simd auto uses %s\n",
+           model_name[0] ? model_name : "(model name unknown)", online, has_avx2 ? "yes" : "no", has_avx512 ? "yes" : "no",
+           best ? best->name : "?");
+    if (!has_avx2)
+        problem(&pl, "no AVX2: the scalar kernels give the same bits but several times slower. Fix: run on a CPU with AVX2+FMA (Intel Haswell / AMD Zen or newer)");
+    json_t *jc = json_object();
+    json_object_set_new(jc, "model", json_string(model_name));
+    json_object_set_new(jc, "online_cores", json_integer(online));
+    json_object_set_new(jc, "avx2", json_boolean(has_avx2));
+    json_object_set_new(jc, "avx512", json_boolean(has_avx512));
+    json_object_set_new(jc, "simd_auto", json_string(best ? best->name : "?"));
+    json_object_set_new(j, "cpu", jc);
+
+    /* ---- topology ---- */
+    topo_info topo;
+    read_topology(&topo, (int)online);
+    int libnuma = numa_available() >= 0;
+    printf("\nNUMA topology: %d node(s)%s\n", topo.n_nodes, libnuma ? "" : " (libnuma: NUMA not available, servers are not bound)");
+    json_t *jt = json_array();
+    for (int i = 0; i < topo.n_nodes; i++) {
+        const topo_node *n = &topo.node[i];
+        printf("  node %d: cpus %s (%d), memory %.1f GiB, free %.1f GiB\n", n->id, n->cpulist[0] ? n->cpulist : "none", n->n_cpus,
+               n->mem_total / GIB, n->mem_free / GIB);
+        json_t *jn = json_object();
+        json_object_set_new(jn, "node", json_integer(n->id));
+        json_object_set_new(jn, "cpus", json_string(n->cpulist));
+        json_object_set_new(jn, "n_cpus", json_integer(n->n_cpus));
+        json_object_set_new(jn, "mem_total_bytes", json_integer((json_int_t)n->mem_total));
+        json_object_set_new(jn, "mem_free_bytes", json_integer((json_int_t)n->mem_free));
+        json_array_append_new(jt, jn);
+    }
+    json_object_set_new(j, "numa_nodes", jt);
+    if (topo.n_nodes > 1 && !libnuma)
+        problem(&pl, "%d NUMA nodes but libnuma reports NUMA unavailable: expert servers cannot be bound to their node. Fix: boot without numa=off / run outside a container that hides NUMA", topo.n_nodes);
+
+    /* ---- memory ---- */
+    uint64_t mem_total = meminfo_value("/proc/meminfo", "MemTotal"), mem_avail = meminfo_value("/proc/meminfo", "MemAvailable");
+    uint64_t hp_total = meminfo_value("/proc/meminfo", "HugePages_Total"), hp_free = meminfo_value("/proc/meminfo", "HugePages_Free");
+    uint64_t hp_size = meminfo_value("/proc/meminfo", "Hugepagesize");
+    char thp[128], thp_mode[32] = "unknown";
+    read_line("/sys/kernel/mm/transparent_hugepage/enabled", thp, sizeof thp);
+    char *lb = strchr(thp, '['), *rb = lb ? strchr(lb, ']') : NULL;
+    if (lb && rb && rb - lb - 1 < (long)sizeof thp_mode) { memcpy(thp_mode, lb + 1, (size_t)(rb - lb - 1)); thp_mode[rb - lb - 1] = 0; }
+    printf("\nMemory\n  total %.1f GiB, available %.1f GiB\n  transparent huge pages: %s (k3 does not depend on them)\n"
+           "  hugetlb pages: %llu of %.0f KiB, %llu free (k3 does not use them)\n",
+           mem_total / GIB, mem_avail / GIB, thp_mode, (unsigned long long)hp_total, hp_size / 1024.0, (unsigned long long)hp_free);
+    if (hp_total && hp_size && hp_total * hp_size > mem_total / 4)
+        problem(&pl, "%.1f GiB are reserved as hugetlb pages, which k3 does not use: that memory is missing from MemAvailable. Fix: echo 0 > /proc/sys/vm/nr_hugepages (as root) unless another program needs them",
+                hp_total * hp_size / GIB);
+    json_t *jm = json_object();
+    json_object_set_new(jm, "total_bytes", json_integer((json_int_t)mem_total));
+    json_object_set_new(jm, "available_bytes", json_integer((json_int_t)mem_avail));
+    json_object_set_new(jm, "thp", json_string(thp_mode));
+    json_object_set_new(jm, "hugetlb_pages", json_integer((json_int_t)hp_total));
+    json_object_set_new(jm, "hugetlb_free", json_integer((json_int_t)hp_free));
+    json_object_set_new(jm, "hugetlb_page_bytes", json_integer((json_int_t)hp_size));
+    json_object_set_new(j, "memory", jm);
+
+    /* ---- /dev/shm ---- */
+    struct statvfs sv;
+    uint64_t shm_total = 0, shm_free = 0;
+    int shm_ok = statvfs("/dev/shm", &sv) == 0;
+    if (shm_ok) { shm_total = (uint64_t)sv.f_blocks * sv.f_frsize; shm_free = (uint64_t)sv.f_bavail * sv.f_frsize; }
+    if (shm_ok) printf("\n/dev/shm: %.1f MiB, %.1f MiB free\n", shm_total / MIB, shm_free / MIB);
+    else printf("\n/dev/shm: missing (%s)\n", strerror(errno));
+    if (!shm_ok) problem(&pl, "/dev/shm is missing: expert servers cannot create their rings (use --workers 0, or mount tmpfs on /dev/shm)");
+    json_t *js = json_object();
+    json_object_set_new(js, "total_bytes", json_integer((json_int_t)shm_total));
+    json_object_set_new(js, "free_bytes", json_integer((json_int_t)shm_free));
+    json_object_set_new(j, "dev_shm", js);
+
+    /* ---- limits ---- */
+    struct rlimit rn, rl, rf, rv;
+    getrlimit(RLIMIT_NOFILE, &rn);
+    getrlimit(RLIMIT_MEMLOCK, &rl);
+    getrlimit(RLIMIT_FSIZE, &rf);
+    getrlimit(RLIMIT_AS, &rv);
+    char b1[32], b2[32], b3[32], b4[32];
+    printf("\nLimits (soft)\n  ulimit -n %s (open files)\n  ulimit -l %s (locked memory; k3 locks none)\n  ulimit -f %s (file size)\n  ulimit -v %s (address space)\n",
+           limit_str(rn.rlim_cur, b1, sizeof b1), limit_str(rl.rlim_cur == RLIM_INFINITY ? rl.rlim_cur : rl.rlim_cur / 1024, b2, sizeof b2),
+           limit_str(rf.rlim_cur == RLIM_INFINITY ? rf.rlim_cur : rf.rlim_cur / 1024, b3, sizeof b3),
+           limit_str(rv.rlim_cur == RLIM_INFINITY ? rv.rlim_cur : rv.rlim_cur / 1024, b4, sizeof b4));
+    json_t *jl = json_object();
+    json_object_set_new(jl, "nofile", jlimit(rn.rlim_cur));
+    json_object_set_new(jl, "memlock_bytes", jlimit(rl.rlim_cur));
+    json_object_set_new(jl, "fsize_bytes", jlimit(rf.rlim_cur));
+    json_object_set_new(jl, "as_bytes", jlimit(rv.rlim_cur));
+    json_object_set_new(j, "limits", jl);
+    if (rf.rlim_cur != RLIM_INFINITY)
+        problem(&pl, "ulimit -f is %llu KiB: --json, --dump-logits and --dump-expert-trace files larger than that are cut off (SIGXFSZ). Fix: ulimit -f unlimited",
+                (unsigned long long)(rf.rlim_cur / 1024));
+
+    /* ---- the model ---- */
+    model_fs mf = {0};
+    mf.direct_ok = -1;
+    k3_config cfg;
+    checkpoint ck;
+    memset(&ck, 0, sizeof ck);
+    if (o->model_dir) {
+        k3_error e = {0};
+        mf.have_model = 1;
+        mf.config_ok = config_load(o->model_dir, &cfg, &e) == 0;
+        printf("\nModel %s\n", o->model_dir);
+        if (!mf.config_ok) {
+            printf("  config.json refused: %s\n", e.msg);
+            problem(&pl, "the model's config.json is refused (%s). Fix: re-download config.json; run bin/k3 --verify %s", e.msg, o->model_dir);
+        }
+        k3_error ce = {0};
+        mf.ckpt_ok = checkpoint_open(o->model_dir, &ck, &ce) == 0;
+        if (mf.ckpt_ok) {
+            mf.n_shards = ck.n_shards;
+            for (int s = 0; s < ck.n_shards; s++) mf.shard_bytes += ck.shards[s].file.file_size;
+        } else if (strstr(ce.msg, "no safetensors shards")) {
+            printf("  no shards (config only: the plan below still holds)\n");
+        } else {
+            printf("  shards refused: %s\n", ce.msg);
+            problem(&pl, "the shards are refused (%s). Fix: run bin/k3 --verify %s to list every problem", ce.msg, o->model_dir);
+        }
+        probe_model_fs(o->model_dir, mf.ckpt_ok ? &ck : NULL, &mf);
+        printf("  file system: %s; %d shard(s), %.2f GB\n", mf.fs_type[0] ? mf.fs_type : "unknown", mf.n_shards, mf.shard_bytes / 1e9);
+        if (mf.direct_ok == 1) printf("  O_DIRECT: accepted\n");
+        else if (mf.direct_ok == 0) {
+            printf("  O_DIRECT: refused (%s)\n", mf.direct_why);
+            problem(&pl, "O_DIRECT is refused on the model's file system (%s, %s): the trunk streamer and expert caches fall back to buffered reads, so the page cache holds shard data outside --mem-gb and may evict the plan's memory. Fix: keep the shards on ext4 or xfs on a local disk",
+                    mf.fs_type, mf.direct_why);
+        }
+        if (mf.read_gbs > 0)
+            printf("  sequential read: %.2f GB/s (%.2f GB in %.2f s, 8 MiB reads, 4 in flight%s)\n", mf.read_gbs, mf.read_bytes / 1e9, mf.read_s,
+                   mf.read_buffered ? ", buffered: pages already cached read faster than the disk" : ", O_DIRECT");
+        if (mf.read_gbs > 0 && mf.read_bytes < (64u << 20))
+            printf("  (only %.1f MB of shards: too little to measure the device; the rate is dominated by per-read overhead)\n", mf.read_bytes / 1e6);
+        /* open files: a process holds a buffered and an O_DIRECT descriptor per shard it reads, plus the in-process cache's */
+        uint64_t need_fd = 3ull * (uint64_t)mf.n_shards + 64;
+        if (mf.ckpt_ok && rn.rlim_cur != RLIM_INFINITY && rn.rlim_cur < need_fd)
+            problem(&pl, "ulimit -n is %llu but a process can hold %llu descriptors (3 per shard for %d shards + 64). Fix: ulimit -n %llu (hard limit %s)",
+                    (unsigned long long)rn.rlim_cur, (unsigned long long)need_fd, mf.n_shards, (unsigned long long)need_fd,
+                    limit_str(rn.rlim_max, b1, sizeof b1));
+    }
+    json_t *jmod = json_object();
+    if (mf.have_model) {
+        json_object_set_new(jmod, "dir", json_string(o->model_dir));
+        json_object_set_new(jmod, "config_ok", json_boolean(mf.config_ok));
+        json_object_set_new(jmod, "shards", json_integer(mf.n_shards));
+        json_object_set_new(jmod, "shard_bytes", json_integer((json_int_t)mf.shard_bytes));
+        json_object_set_new(jmod, "filesystem", json_string(mf.fs_type));
+        if (mf.direct_ok >= 0) json_object_set_new(jmod, "o_direct", json_boolean(mf.direct_ok));
+        json_object_set_new(jmod, "read_gb_per_s", json_real(mf.read_gbs));
+        json_object_set_new(jmod, "read_buffered", json_boolean(mf.read_buffered));
+        json_object_set_new(j, "model", jmod);
+    } else json_decref(jmod);
+
+    /* ---- DRAM ---- */
+    double dram = dram_read_gbs();
+    printf("\nDRAM read: %.1f GB/s (%d threads summing 256 MiB, best of 3)\n", dram, omp_get_max_threads());
+    json_object_set_new(j, "dram_read_gb_per_s", json_real(dram));
+
+    /* ---- advice ---- */
+    int nodes = libnuma ? topo.n_nodes : 1;
+    int workers = nodes;
+    printf("\nAdvice\n  --threads %ld: every online core; the coordinator and the servers take turns (idle OpenMP threads sleep)\n", online);
+    if (nodes > 1)
+        printf("  --workers-per-node 1 (= --workers %d): one expert server per NUMA node keeps each server's cache in its node's memory;\n"
+               "    more servers per node only split the same cache and cores\n", workers);
+    else
+        printf("  --workers 1 (the default on one node): one expert server; --workers 0 (in-process) saves the rings and one process\n");
+    json_t *ja = json_object();
+    json_object_set_new(ja, "threads", json_integer(online));
+    json_object_set_new(ja, "workers", json_integer(workers));
+    json_object_set_new(ja, "workers_per_node", json_integer(1));
+    if (mf.have_model && mf.config_ok) {
+        mem_plan all = {0}, pick = {0};
+        k3_error pe = {0};
+        size_t chunk = o->chunk > 0 ? (size_t)o->chunk : 64, ctx = 4096;
+        if (plan_make(&all, &cfg, NULL, 0, workers, chunk, ctx, &pe) == 0) {
+            uint64_t avail85 = (uint64_t)(0.85 * (double)mem_avail);
+            /* everything resident, rounded up to 0.01 GiB, when it fits; else 85 % of MemAvailable rounded down */
+            int fits = all.total < avail85;
+            double gb = fits ? ceil(all.total / GIB * 100) / 100 : floor(avail85 / GIB * 100) / 100;
+            uint64_t want = (uint64_t)(gb * GIB);
+            printf("  --mem-gb %.2f: everything resident needs %.2f GiB, 85%% of MemAvailable is %.1f GiB, the floor is %.2f GiB;\n"
+                   "    %s\n", gb, all.total / GIB, avail85 / GIB, all.floor / GIB,
+                   fits ? "everything fits: more memory buys nothing" : "the budget pins the trunk first, then grows the expert caches (same ids at any budget)");
+            json_object_set_new(ja, "mem_gb", json_real(gb));
+            json_object_set_new(ja, "everything_resident_bytes", json_integer((json_int_t)all.total));
+            json_object_set_new(ja, "floor_bytes", json_integer((json_int_t)all.floor));
+            uint64_t ring_need = all.ring_bytes / 2; /* the plan counts each ring in both processes */
+            if (shm_ok && ring_need > shm_free)
+                problem(&pl, "/dev/shm has %.1f MiB free but %d server ring(s) need %.1f MiB at --chunk %zu. Fix: mount -o remount,size=%.0fM /dev/shm (docker: --shm-size=%.0fm), or a smaller --chunk, or --workers 0",
+                        shm_free / MIB, workers, ring_need / MIB, chunk, (ring_need + shm_total - shm_free) / MIB * 1.25 + 1,
+                        (ring_need + shm_total - shm_free) / MIB * 1.25 + 1);
+            printf("  rings in /dev/shm at --chunk %zu: %.1f MiB (of %.1f MiB free)\n", chunk, ring_need / MIB, shm_free / MIB);
+            if (avail85 < all.floor)
+                problem(&pl, "85%% of MemAvailable (%.2f GiB) is below the floor of this model (%.2f GiB): k3 would refuse the budget. Fix: free memory or add RAM; the floor falls with a smaller --chunk and --max-context",
+                        avail85 / GIB, all.floor / GIB);
+            if (rv.rlim_cur != RLIM_INFINITY && rv.rlim_cur < want + (uint64_t)(1 + workers) * (1ull << 30))
+                problem(&pl, "ulimit -v (%.1f GiB) leaves no room for a %.1f GiB budget plus code and thread stacks. Fix: ulimit -v unlimited",
+                        rv.rlim_cur / GIB, gb);
+            uint64_t budget = (uint64_t)(gb * GIB);
+            if (budget >= all.floor && plan_make(&pick, &cfg, NULL, budget, workers, chunk, ctx, &pe) == 0) {
+                /* bytes per token: the unpinned trunk streams from disk every token; experts hit the cache in the
+                 * proportion it holds of all experts (uniform routing: a cautious assumption, real routing reuses more) */
+                uint64_t trunk_disk = pick.walk_total - pick.pinned_bytes;
+                double cached = (double)(workers ? workers : 1) * (double)pick.expert_cache_per_worker / (double)pick.expert_slot_bytes;
+                double hit = pick.n_experts_total ? cached / (double)pick.n_experts_total : 1;
+                if (hit > 1) hit = 1;
+                int moe_layers = 0;
+                for (int l = 0; l < cfg.num_hidden_layers; l++) moe_layers += cfg.layer_is_moe[l];
+                double experts_tok = (double)moe_layers * cfg.num_experts_per_token;
+                double expert_bytes = experts_tok * (double)pick.expert_slot_bytes;
+                double disk = (double)trunk_disk + expert_bytes * (1 - hit), mem = (double)pick.pinned_bytes + expert_bytes * hit;
+                printf("\nExpected speed at --mem-gb %.2f (bytes per token from the plan)\n", gb);
+                printf("  trunk: %.2f GB pinned (read from memory), %.2f GB streamed from disk per token\n", pick.pinned_bytes / 1e9, trunk_disk / 1e9);
+                printf("  experts: %.0f per token x %.1f MB = %.2f GB; the caches hold %.1f%% of all experts -> %.2f GB from disk (uniform routing assumed)\n",
+                       experts_tok, pick.expert_slot_bytes / 1e6, expert_bytes / 1e9, 100 * hit, expert_bytes * (1 - hit) / 1e9);
+                json_t *je = json_object();
+                json_object_set_new(je, "disk_bytes_per_token", json_integer((json_int_t)disk));
+                json_object_set_new(je, "memory_bytes_per_token", json_integer((json_int_t)mem));
+                json_object_set_new(je, "expert_cache_fraction", json_real(hit));
+                if (disk > 0 && mf.read_gbs <= 0) {
+                    printf("  no read rate measured (no shards here): s/token not estimated; %.2f GB per token come from disk\n", disk / 1e9);
+                } else {
+                    double sd = disk > 0 ? disk / (mf.read_gbs * 1e9) : 0, sm = dram > 0 ? mem / (dram * 1e9) : 0;
+                    printf("  expected: %.2f GB / %.2f GB/s (disk) + %.2f GB / %.1f GB/s (DRAM) = %.3f s/token\n", disk / 1e9, mf.read_gbs,
+                           mem / 1e9, dram, sd + sm);
+                    printf("  (a floor from bytes moved; compute overlaps the reads, routing reuse lowers the disk term)\n");
+                    json_object_set_new(je, "seconds_per_token", json_real(sd + sm));
+                }
+                json_object_set_new(j, "expected", je);
+            }
+            plan_free(&pick);
+        } else {
+            printf("  memory plan: %s\n", pe.msg);
+        }
+        plan_free(&all);
+    } else if (!mf.have_model) {
+        printf("  --mem-gb: give MODEL_DIR (its config.json is enough, e.g. configs/kimi-k3) for a budget and a speed estimate\n");
+    }
+    json_object_set_new(j, "advice", ja);
+
+    printf("\n");
+    if (pl.n == 0) printf("No problems found.\n");
+    for (int i = 0; i < pl.n; i++) printf("PROBLEM: %s\n", pl.problems[i]);
+    json_t *jp = json_array();
+    for (int i = 0; i < pl.n; i++) json_array_append_new(jp, json_string(pl.problems[i]));
+    json_object_set_new(j, "problems", jp);
+    int status = 0;
+    if (o->json_path && json_dump_file(j, o->json_path, JSON_INDENT(1))) {
+        fprintf(stderr, "k3: cannot write %s\n", o->json_path);
+        status = 1;
+    }
+    json_decref(j);
+    if (mf.have_model && mf.config_ok) config_free(&cfg);
+    if (mf.ckpt_ok) checkpoint_close(&ck);
+    return status;
+}

@@ -1,0 +1,44 @@
+/* verify.h - `bin/k3 --verify MODEL_DIR [--sha256] [--expect FILE] [--json FILE]`:
+ * is every byte of a downloaded checkpoint right?
+ *
+ * Checks, collecting EVERY problem (never stopping at the first):
+ *  - config.json parses (config.h);
+ *  - the index (model.safetensors.index.json, when present) and the shards agree:
+ *    every shard it names exists, every *.safetensors file is named by it, every
+ *    tensor it maps is in the shard it names, every tensor of every shard is in
+ *    it, no tensor is in two shards;
+ *  - every shard header (safetensors.h: dtypes, shapes, offsets, truncation);
+ *  - every tensor's presence, dtype and shape against the config, by the engine's
+ *    own loader (model_load: trunk, every routed expert's six MXFP4 tensors)
+ *    when the headers and the index are sound; model_load stops at its first
+ *    refusal, so this check names one schema problem;
+ *  - the data: every byte of every shard is read once (O_DIRECT when the file
+ *    system accepts it, 8 MiB aligned reads, several threads in flight); every
+ *    F32/BF16/F16/F64 element must be finite, every MXFP4 scale byte (U8 tensors
+ *    named *weight_scale) must not be 255 (NaN in OCP MXFP4; the engine refuses
+ *    it, K3-MODEL.md section 2); a read error names the shard and offset;
+ *  - with sha256, each shard's SHA-256 (printed in sha256sum format); with
+ *    expect_path (sha256sum format, implies sha256), each digest compared: a
+ *    listed file that is missing or differs, and a shard with no listed digest,
+ *    are problems. Listed non-shard files (config.json, tokenizer files) are
+ *    hashed and compared too.
+ * Problems name shard, tensor, element and file offset where they apply; a bad
+ * tensor is one problem with the count and the first few elements.
+ * Report on stdout (and as JSON in json_path); progress (GB/s, time left) on
+ * stderr when it is a terminal. Returns the exit status: 0 all well, 2 problems
+ * found (or a usage error: unreadable/malformed expect file), 1 run-time failure
+ * (out of memory, cannot write the JSON). */
+#ifndef K3_VERIFY_H
+#define K3_VERIFY_H
+
+typedef struct {
+    const char *model_dir;
+    int sha256;
+    const char *expect_path;   /* NULL: none */
+    const char *json_path;     /* NULL: none */
+    int threads;               /* reader threads; 0 = default (max(4, 2 x cores), at most 16) */
+} verify_options;
+
+int verify_run(const verify_options *o);
+
+#endif

@@ -1,7 +1,7 @@
 /* verify.c - every byte of a checkpoint checked once (see verify.h).
  *
  * Structure first (config, index, shard headers, the engine's loader), then one
- * pass over the data: chunks of CHUNK bytes in file order are handed to reader
+ * pass over the data: chunks (8 MiB) in file order are handed to reader
  * threads; each reads its chunk (plus ALIGN bytes of overlap so an element that
  * starts in the chunk is whole), checks the values of the tensors that start
  * elements in it, and, with --sha256, deposits the buffer for the shard's hasher,
@@ -27,7 +27,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define CHUNK ((uint64_t)8 << 20)
 #define ALIGN 4096u
 #define MAX_FIRST 4 /* elements listed per bad tensor */
 
@@ -86,6 +85,7 @@ typedef struct {
     uint64_t cur_chunk;
     uint64_t bytes_total, bytes_done;
     int any_direct, any_buffered;
+    uint64_t chunk;             /* read size, a multiple of ALIGN */
 } verifier;
 
 /* ---- problems ---- */
@@ -443,9 +443,9 @@ static void *reader(void *arg) {
         int fd = s->fd;
         pthread_mutex_unlock(&v->mu);
 
-        uint64_t off = idx * CHUNK, size = s->f.file_size;
-        uint64_t span = size - off < CHUNK ? size - off : CHUNK;
-        uint64_t need = size - off < CHUNK + ALIGN ? size - off : CHUNK + ALIGN;
+        uint64_t off = idx * v->chunk, size = s->f.file_size;
+        uint64_t span = size - off < v->chunk ? size - off : v->chunk;
+        uint64_t need = size - off < v->chunk + ALIGN ? size - off : v->chunk + ALIGN;
         uint64_t got = 0;
         int err = 0;
         while (fd >= 0 && !err && got < need) {
@@ -487,7 +487,7 @@ static int data_pass(verifier *v, double *secs) {
     for (int i = 0; i < v->n_shards; i++) {
         vshard *s = &v->sh[i];
         if (!s->header_ok) continue;
-        s->n_chunks = (s->f.file_size + CHUNK - 1) / CHUNK;
+        s->n_chunks = (s->f.file_size + v->chunk - 1) / v->chunk;
         v->bytes_total += s->f.file_size;
         sha256_init(&s->sha);
         if (s->n_chunks == 0) { uint8_t d[32]; sha256_final(&s->sha, d); sha256_hex(d, s->hex); s->hashed = 1; }
@@ -501,7 +501,7 @@ static int data_pass(verifier *v, double *secs) {
     pthread_t *th = calloc((size_t)nt, sizeof *th);
     if (!v->bufs || !th) { free(th); return -1; }
     for (int b = 0; b < v->n_bufs; b++)
-        if (posix_memalign((void **)&v->bufs[b].data, ALIGN, CHUNK + 2 * ALIGN)) { v->bufs[b].data = NULL; free(th); return -1; }
+        if (posix_memalign((void **)&v->bufs[b].data, ALIGN, v->chunk + 2 * ALIGN)) { v->bufs[b].data = NULL; free(th); return -1; }
     pthread_mutex_init(&v->mu, NULL);
     pthread_cond_init(&v->buf_cv, NULL);
     pthread_cond_init(&v->done_cv, NULL);
@@ -703,7 +703,7 @@ static int write_json(const verifier *v, const char *path, int schema_checked, d
 }
 
 int verify_run(const verify_options *o) {
-    verifier v = {.o = o};
+    verifier v = {.o = o, .chunk = o->chunk_kib && o->chunk_kib % 4 == 0 ? (uint64_t)o->chunk_kib << 10 : (uint64_t)8 << 20};
     expect_line *ex = NULL;
     int n_ex = 0, status = EXIT_RUNTIME_;
     if (o->expect_path && (n_ex = parse_expect(o->expect_path, &ex)) < 0) return EXIT_PROBLEMS_;

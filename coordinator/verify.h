@@ -37,6 +37,7 @@ typedef struct {
     const char *expect_path;   /* NULL: none */
     const char *json_path;     /* NULL: none */
     int threads;               /* reader threads; 0 = default (max(4, 2 x cores), at most 16) */
+    unsigned chunk_kib;        /* read size in KiB, a multiple of 4; 0 = default 8192 (tests use small ones) */
 } verify_options;
 
 int verify_run(const verify_options *o);

@@ -738,7 +738,7 @@ int verify_run(const verify_options *o) {
     report_values(&v);
     if (o->expect_path) check_digests(&v, ex, n_ex);
     if (v.oom) { fprintf(stderr, "k3: verify: out of memory\n"); goto out; }
-    qsort(v.pv, v.np, sizeof *v.pv, cmp_problem);
+    if (v.np) qsort(v.pv, v.np, sizeof *v.pv, cmp_problem);
 
     printf("k3 verify %s: %d shard(s), %llu tensors, %.3f GB read in %.2f s (%.2f GB/s, %s, %d threads)\n", v.dir, v.n_shards,
            (unsigned long long)n_tensors, v.bytes_done / 1e9, secs, secs > 0 ? v.bytes_done / secs / 1e9 : 0.0,

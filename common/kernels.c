@@ -111,6 +111,8 @@ int simd_level_parse(const char *s, simd_level *out) {
 }
 
 /* ---- drivers: threads split rows; each (row, token) is one dot of the fixed partition ----
+ * From K3_GEMM_MIN_TOK tokens on, at the AVX2 and AVX-512 levels, the multi-token
+ * kernels (kernels_gemm_avx2.c) do tiles of K3_GEMM_NR rows x all tokens.
  * Rows go in blocks of K3_ROWBLOCK; for a level with row-block kernels a full block
  * is computed by them (same bits as the single-row dot, checked by the unit test),
  * two tokens at a time where a _x2 kernel exists; otherwise, and for a partial last
@@ -123,11 +125,14 @@ typedef struct {
     k3_rows_f32_fn f32;
     k3_rows_bf16_fn bf16, bf16_x2;
     k3_rows_mxfp4_fn mxfp4, mxfp4_x2;
+    int gemm; /* the AVX2 + FMA multi-token kernels may be used (K3_GEMM_MIN_TOK+ tokens) */
 } rowblock_fns;
 
 static rowblock_fns rowblock_for(const kernels *k) {
-    rowblock_fns b = {NULL, NULL, NULL, NULL, NULL};
+    rowblock_fns b = {NULL, NULL, NULL, NULL, NULL, 0};
 #ifdef K3_HAVE_X86_KERNELS
+    /* every CPU with the AVX2 or AVX-512 level has AVX2 + FMA (cpu_has) */
+    b.gemm = k->dot_bf16 == k3_dot_bf16_avx2 || k->dot_bf16 == k3_dot_bf16_avx512;
     if (k->dot_f32 == k3_dot_f32_avx512) b.f32 = k3_rows_f32_avx512;
     if (k->dot_bf16 == k3_dot_bf16_avx512) {
         b.bf16 = k3_rows_bf16_avx512;
@@ -152,6 +157,18 @@ static inline void put_rows(float *y, size_t rows, size_t r0, size_t nr, size_t 
 void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_t ntok, float *y) {
     const size_t rows = W->rows, cols = W->cols, nblk = (rows + K3_ROWBLOCK - 1) / K3_ROWBLOCK;
     const rowblock_fns rb = rowblock_for(k);
+#ifdef K3_HAVE_X86_KERNELS
+    if (rb.gemm && ntok >= K3_GEMM_MIN_TOK && (W->dtype == DTYPE_F32 || W->dtype == DTYPE_BF16)) {
+        const size_t ntile = (rows + K3_GEMM_NR - 1) / K3_GEMM_NR;
+#pragma omp parallel for schedule(static)
+        for (size_t ti = 0; ti < ntile; ti++) {
+            const size_t r0 = ti * K3_GEMM_NR, nr = rows - r0 < K3_GEMM_NR ? rows - r0 : K3_GEMM_NR;
+            if (W->dtype == DTYPE_F32) k3_gemm_f32_avx2(W->data, rows, cols, r0, nr, x, ntok, y);
+            else k3_gemm_bf16_avx2(W->data, rows, cols, r0, nr, x, ntok, y);
+        }
+        return;
+    }
+#endif
     if (W->dtype == DTYPE_F32) {
         const float *wd = W->data;
 #pragma omp parallel for schedule(static)
@@ -200,6 +217,17 @@ void matmul_mxfp4(const kernels *k, const mxfp4_weight *W, const float *x, size_
         abort();
     }
     const rowblock_fns rb = rowblock_for(k);
+#ifdef K3_HAVE_X86_KERNELS
+    if (rb.gemm && ntok >= K3_GEMM_MIN_TOK) {
+        const size_t ntile = (rows + K3_GEMM_NR - 1) / K3_GEMM_NR;
+#pragma omp parallel for schedule(static)
+        for (size_t ti = 0; ti < ntile; ti++) {
+            const size_t r0 = ti * K3_GEMM_NR, nr = rows - r0 < K3_GEMM_NR ? rows - r0 : K3_GEMM_NR;
+            k3_gemm_mxfp4_avx2(W->packed, W->scales, rows, cols, r0, nr, x, ntok, y);
+        }
+        return;
+    }
+#endif
 #pragma omp parallel for schedule(static)
     for (size_t bi = 0; bi < nblk; bi++) {
         const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;

@@ -3,7 +3,8 @@
  * scalar / AVX2 / AVX-512 bit-identical (dense F32, dense BF16, MXFP4, many sizes
  * and tails; row counts with full and partial 4-row blocks, so the drivers'
  * row-block kernels are checked against the single-row dots), multi-token ==
- * single-token, 1 thread == many threads, MXFP4
+ * single-token (also prefill-sized batches through the multi-token kernels),
+ * fma == multiply-then-add on the contract's exact products, 1 thread == many threads, MXFP4
  * decoding traps (nibble order, scale byte 0, negative codes, E2M1 table) and
  * mxfp4_check_scales. Exits non-zero and prints every failure. */
 #include <math.h>
@@ -240,7 +241,7 @@ static void test_mxfp4_sizes(tstate *ts) {
 
 /* 1 thread vs several: rows split differently, bits identical. */
 static void test_threads(tstate *ts) {
-    const size_t rows = 301, cols = 7168, ntok = 3;
+    const size_t rows = 301, cols = 7168, ntok = 6; /* 6: the multi-token kernels too */
     uint64_t seed = 4;
     float *wf = malloc(rows * cols * sizeof *wf);
     uint16_t *wb = malloc(rows * cols * sizeof *wb);
@@ -279,6 +280,77 @@ static void test_threads(tstate *ts) {
     free(scales);
     free(y1);
     free(yn);
+}
+
+/* Prefill-sized batches: row counts across the multi-token kernels' row tiles (24)
+ * and micro-kernels (3), token counts across their token blocks (16) and micro-kernels
+ * (4), column counts across their column blocks (128) with tails: every (row, token)
+ * of a batch == a single-token scalar call. */
+static void test_batches(tstate *ts) {
+    static const size_t shapes[][3] = {/* rows, cols, ntok */
+                                       {1, 8, 4},     {2, 9, 5},      {25, 128, 6},  {47, 129, 7},
+                                       {50, 300, 16}, {49, 256, 17},  {97, 1000, 33}, {24, 7175, 19},
+                                       {73, 64, 40},  {5, 3584, 64},  {26, 160, 23}, {3, 3072, 12}};
+    uint64_t seed = 5;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const size_t rows = shapes[si][0], ntok = shapes[si][2];
+        for (int kind = 0; kind < 3; kind++) {
+            size_t cols = shapes[si][1];
+            if (kind == 2) cols = (cols + 31) / 32 * 32;
+            float *wf = malloc(rows * cols * sizeof *wf), *x = malloc(ntok * cols * sizeof *x);
+            uint16_t *wb = malloc(rows * cols * sizeof *wb);
+            uint8_t *packed = malloc(rows * cols / 2 + 1), *scales = malloc(rows * cols / 32 + 1);
+            float *ref = malloc(ntok * rows * sizeof *ref), *y = malloc(ntok * rows * sizeof *y);
+            if (!wf || !x || !wb || !packed || !scales || !ref || !y) abort();
+            for (size_t i = 0; i < rows * cols; i++) {
+                wf[i] = rnd_float(&seed);
+                wb[i] = rnd_bf16(&seed);
+            }
+            fill_mxfp4(&seed, packed, scales, rows, cols);
+            for (size_t i = 0; i < ntok * cols; i++) x[i] = rnd_float(&seed);
+            any_weight W;
+            if (kind == 0) W = (any_weight){.is_mxfp4 = 0, .d = {DTYPE_F32, rows, cols, wf}};
+            else if (kind == 1) W = (any_weight){.is_mxfp4 = 0, .d = {DTYPE_BF16, rows, cols, wb}};
+            else W = (any_weight){.is_mxfp4 = 1, .m = {rows, cols, packed, scales}};
+            float *y1 = malloc(rows * sizeof *y1);
+            if (!y1) abort();
+            for (size_t t = 0; t < ntok; t++) {
+                run_matmul(ts->levels[0], &W, x + t * cols, 1, y1);
+                memcpy(ref + t * rows, y1, rows * sizeof *y1);
+            }
+            for (int l = 0; l < ts->nlevels; l++) {
+                run_matmul(ts->levels[l], &W, x, ntok, y);
+                size_t d = first_diff(y, ref, ntok * rows);
+                CHECK(ts, d == ntok * rows,
+                      "batch %s rows=%zu cols=%zu ntok=%zu: %s differs from single-token scalar at token %zu row %zu",
+                      kind == 0 ? "f32" : kind == 1 ? "bf16" : "mxfp4", rows, cols, ntok, ts->levels[l]->name,
+                      d / rows, d % rows);
+            }
+            free(y1);
+            free(wf);
+            free(x);
+            free(wb);
+            free(packed);
+            free(scales);
+            free(ref);
+            free(y);
+        }
+    }
+}
+
+/* The SIMD paths use fused multiply-add: fma(w, x, acc) == acc + w*x bit for bit
+ * because the double product of a float/bf16/E2M1*2^k weight and a float is exact.
+ * Checked here on the C library's fma for random and extreme operands. */
+static void test_fma_is_exact(tstate *ts) {
+    uint64_t seed = 6;
+    for (int i = 0; i < 200000; i++) {
+        double w = i & 1 ? (double)bf16_to_f32(rnd_bf16(&seed)) : (double)rnd_float(&seed);
+        if (i % 3 == 0) w = (double)E2M1_VALUES[rng_next(&seed) & 15] * ldexp(1.0, (int)(rng_next(&seed) % 255) - 127);
+        double x = (double)rnd_float(&seed), acc = (double)rnd_float(&seed) * ldexp(1.0, (int)(rng_next(&seed) % 60) - 30);
+        if (i % 7 == 0) x = i % 14 == 0 ? 0x1p127 : 0x1p-149;
+        double f = fma(w, x, acc), m = acc + w * x;
+        CHECK(ts, memcmp(&f, &m, sizeof f) == 0, "fma(%a, %a, %a) = %a != acc + w*x = %a", w, x, acc, f, m);
+    }
 }
 
 /* Products and lane sums are in double: (1+2^-23)^2 - (1+2^-22) = 2^-46 in lane 0
@@ -505,6 +577,8 @@ int main(void) {
     test_dense(&ts, DTYPE_BF16);
     test_mxfp4_sizes(&ts);
     test_threads(&ts);
+    test_batches(&ts);
+    test_fma_is_exact(&ts);
 
     if (ts.failures) {
         printf("test_kernels: %d of %d checks FAILED\n", ts.failures, ts.checks);

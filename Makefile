@@ -6,7 +6,7 @@ OPT     ?= -O2
 CFLAGS  ?= $(OPT) -g
 CFLAGS  += -std=gnu11 -Wall -Wextra -Wshadow -Wpointer-arith -Wvla $(WERROR) \
            -ffp-contract=off -fopenmp -fno-strict-aliasing -I. $(EXTRA_CFLAGS)
-LDLIBS  += -fopenmp -ljansson -lmsgpackc -lnuma -lm -lrt -lpthread
+LDLIBS  += -fopenmp -lmicrohttpd -ljansson -lmsgpackc -lnuma -lm -lrt -lpthread
 BUILD   ?= build
 BIN     ?= bin
 

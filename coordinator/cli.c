@@ -80,6 +80,12 @@ static int set_numa(options *o, const cli_flag *f, const char *arg, k3_error *er
     return 0;
 }
 
+static int set_api_key(options *o, const cli_flag *f, const char *arg, k3_error *err) {
+    if (!*arg) return k3_fail(err, "--%s wants a non-empty key", f->name);
+    o->api_key = arg;
+    return 0;
+}
+
 static int show_help(options *o, const cli_flag *f, const char *arg, k3_error *err) {
     (void)o; (void)arg; (void)err;
     if (!strcmp(f->name, "help")) cli_usage(stdout);
@@ -123,6 +129,17 @@ static const cli_flag FLAGS[] = {
     {"template", "auto|k3|k2", CLI_FN, 0, 0, 0, set_template, "auto",
      "chat template (auto: from the tokenizer's special tokens)"},
     {"max-tokens", "N", CLI_LONG, OFF(max_tokens), 1, 1L << 24, NULL, "512", "chat: tokens per reply at most"},
+    {"serve", NULL, CLI_SWITCH, OFF(serve), 1, 0, NULL, NULL,
+     "OpenAI-compatible HTTP server (README \"Serve\"); no prompt argument; `--max-tokens` is the default reply "
+     "length, `--thinking`/`--no-thinking` the default mode, `--max-context` the per-request limit (default 4096)"},
+    {"host", "ADDR", CLI_STR, OFF(host), 0, 0, NULL, "127.0.0.1", "serve: numeric IPv4/IPv6 address to bind"},
+    {"port", "N", CLI_LONG, OFF(port), 0, 65535, NULL, "8080", "serve: TCP port (`0`: any free port, printed on stderr)"},
+    {"api-key", "KEY", CLI_FN, 0, 0, 0, set_api_key, NULL,
+     "serve: require `Authorization: Bearer KEY` (compared in constant time; default: no key)"},
+    {"parallel", "N", CLI_LONG, OFF(parallel), 1, 256, NULL, "4",
+     "serve: sequences decoded together, one forward step for all (at most `--chunk`)"},
+    {"max-queue", "N", CLI_LONG, OFF(max_queue), 1, 100000, NULL, "64",
+     "serve: requests waiting for a slot; beyond that 429 with Retry-After"},
     {"json", "FILE", CLI_STR, OFF(json_path), 0, 0, NULL, NULL,
      "`prompt_ids`, `generated_ids`, `generated_text`, `tf_pred`, `timing`, `peak_rss_bytes`, `n_workers`, "
      "per-worker `workers` stats; `timing.decode_tokens_per_s` is `decode_tokens` / `decode_s`: the tokens after the "
@@ -295,6 +312,17 @@ int cli_parse(int argc, char **argv, options *o) {
     if (o->mem_gb > 0 && o->preset) { fprintf(stderr, "k3: give --mem-gb or --preset, not both\n"); return -1; }
     if (o->plan_only) return 0;
     int sources = !!o->ids_arg + !!o->prompt + !!o->prompt_file;
+    if (o->serve) {
+        if (o->chat || sources || o->teacher_force || o->full_recompute || o->logits_path || o->json_path) {
+            fprintf(stderr, "k3: --serve takes its prompts over HTTP: no --chat, --ids/--prompt/--prompt-file, --teacher-force, --full-recompute, --dump-logits or --json\n");
+            return -1;
+        }
+        if (o->parallel > o->chunk) {
+            fprintf(stderr, "k3: --parallel %ld is more than --chunk %ld (a step feeds at most --chunk tokens)\n", o->parallel, o->chunk);
+            return -1;
+        }
+        return 0;
+    }
     if (o->chat) {
         if (sources || o->teacher_force || o->full_recompute || o->logits_path || o->json_path) {
             fprintf(stderr, "k3: --chat reads the conversation from stdin: no --ids/--prompt/--prompt-file, --teacher-force, --full-recompute, --dump-logits or --json\n");
@@ -311,6 +339,7 @@ int cli_parse(int argc, char **argv, options *o) {
 static const char SYNOPSIS[] =
     "bin/k3 MODEL_DIR (--ids 1,2,3 | --prompt TEXT | --prompt-file FILE) [options]\n"
     "bin/k3 MODEL_DIR --chat [options]\n"
+    "bin/k3 MODEL_DIR --serve [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--parallel N] [--max-queue N] [options]\n"
     "bin/k3 MODEL_DIR --plan-only [--mem-gb X | --preset NAME] [--max-context N]\n"
     "bin/k3 --tok DIR (--encode FILE | --decode FILE) [--no-special]\n"
     "bin/k3 --doctor [MODEL_DIR] [--json FILE]\n"

@@ -48,6 +48,10 @@ typedef struct {
     /* operator tools: --doctor [MODEL_DIR], --verify MODEL_DIR */
     int doctor, verify, sha256;
     const char *expect_path;
+    /* --serve (server_http.h) */
+    int serve;
+    const char *host, *api_key;
+    long port, parallel, max_queue;
 } options;
 
 int cli_parse(int argc, char **argv, options *o);

@@ -16,6 +16,7 @@
 #include "coordinator/cli.h"
 #include "coordinator/chat_repl.h"
 #include "coordinator/sampler.h"
+#include "coordinator/server_http.h"
 #include "coordinator/experts_local.h"
 #include "coordinator/generate.h"
 #include "coordinator/plan.h"
@@ -271,6 +272,23 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
     return EXIT_OK;
 }
 
+/* /metrics: the expert servers' and the trunk's counters. */
+static void engine_stats(void *ctx, server_engine_stats *st) {
+    const run_info *ri = ctx;
+    memset(st, 0, sizeof *st);
+    st->n_workers = ri->n_workers;
+    for (int i = 0; i < ri->n_workers; i++) {
+        worker_stats ws;
+        workers_pool_stats(ri->eb, i, &ws);
+        st->expert_hits += ws.hits;
+        st->expert_misses += ws.misses;
+        st->expert_bytes_read += ws.bytes_read;
+        st->expert_restarts += ws.restarts;
+    }
+    if (ri->n_workers == 0) st->expert_bytes_read = experts_local_stats(ri->eb, &st->expert_hits, &st->expert_misses);
+    st->trunk_bytes_streamed = trunk_get_stats(ri->trunk).bytes_streamed;
+}
+
 /* The prompt as ids: parsed from --ids, or encoded from --prompt / --prompt-file
  * (special-token text allowed, like --encode). Returns an exit status. */
 static int prompt_ids(const options *o, const tokenizer *tok, int32_t **ids, size_t *n) {
@@ -389,7 +407,7 @@ int main(int argc, char **argv) {
     mem_plan plan = {0};
     trunk *tr = NULL;
     tokenizer *tok = NULL;
-    if (o.prompt || o.prompt_file || o.tok_dir || o.chat) {
+    if (o.prompt || o.prompt_file || o.tok_dir || o.chat || o.serve) {
         char e[1024];
         if (!(tok = tokenizer_load(o.tok_dir ? o.tok_dir : o.model_dir, e, sizeof e))) {
             fprintf(stderr, "k3: cannot load the tokenizer: %s\n", e);
@@ -400,7 +418,7 @@ int main(int argc, char **argv) {
     run_result r = {0};
     int32_t *prompt = NULL;
     size_t n = 0;
-    int status = o.chat ? EXIT_OK : prompt_ids(&o, tok, &prompt, &n);
+    int status = (o.chat || o.serve) ? EXIT_OK : prompt_ids(&o, tok, &prompt, &n);
     if (status != EXIT_OK) { free(prompt); tokenizer_free(tok); return status; }
     double t0 = now_s();
     k3_model m;
@@ -429,7 +447,8 @@ int main(int argc, char **argv) {
     status = EXIT_USAGE;
     if (budget_bytes(&o, &budget)) goto done;
     ri.n_workers = workers_wanted(&o);
-    size_t ctx = o.max_context ? (size_t)o.max_context : o.chat ? 4096 : n + (size_t)o.gen;
+    size_t ctx = o.max_context ? (size_t)o.max_context : (o.chat || o.serve) ? 4096 : n + (size_t)o.gen;
+    if (o.serve) ctx *= (size_t)o.parallel; /* every slot holds its own MLA cache */
     if (plan_make(&plan, &m.cfg, &m, budget, ri.n_workers, (size_t)o.chunk, ctx, &err)) {
         fprintf(stderr, "k3: %s\n", err.msg);
         goto done;
@@ -451,6 +470,26 @@ int main(int argc, char **argv) {
                 m.cfg.num_experts_per_token);
         en.on_route = trace_route;
         en.on_route_ctx = trace;
+    }
+    if (o.serve) {
+        server_config sc;
+        server_config_default(&sc);
+        sc.host = o.host;
+        sc.port = (int)o.port;
+        sc.api_key = o.api_key;
+        sc.parallel = (size_t)o.parallel;
+        sc.max_queue = (size_t)o.max_queue;
+        sc.chunk = (size_t)o.chunk;
+        sc.max_context = o.max_context ? (size_t)o.max_context : 4096;
+        sc.default_max_tokens = (size_t)o.max_tokens;
+        sc.thinking = o.thinking;
+        sc.tmpl = o.tmpl;
+        sc.engine_stats = engine_stats;
+        sc.engine_stats_ctx = &ri;
+        status = server_run(&en, tok, &sc, &err);
+        if (status) fprintf(stderr, "k3: %s\n", err.msg);
+        if (trace) fclose(trace);
+        goto done;
     }
     if (o.chat) {
         chat_options co;

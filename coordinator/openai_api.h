@@ -1,0 +1,56 @@
+/* openai_api.h - OpenAI request bodies to generation requests (validation, rendering) and the
+ * JSON of replies.
+ *
+ * Contract
+ * - api_parse reads an untrusted body (any bytes, len given) of POST /v1/chat/completions (chat=1)
+ *   or POST /v1/completions (chat=0). Every refusal is a 400 with a message naming the field in
+ *   `param` ("max_tokens", "messages[1].role", "prompt[3]", ...): malformed JSON, wrong types,
+ *   unknown roles, n != 1, values out of range, token ids outside [0, vocab), a prompt + max_tokens
+ *   past the context limit. Unknown fields are ignored (clients send many).
+ * - Fields: model (string), messages | prompt (text, array of ids, or [text]), max_tokens /
+ *   max_completion_tokens, temperature, top_p, top_k, min_p, seed, stop (string or array of at most
+ *   16 non-empty strings), stream, stream_options.include_usage, logprobs (chat: bool; completions:
+ *   integer = top count), top_logprobs (0..20), n (1), reasoning_effort ("none" | "low" | "high" |
+ *   "max"), thinking (bool or {"type": "enabled" | "disabled"}), tools, tool_choice, response_format,
+ *   return_token_ids (bool, k3 extension: prompt_token_ids / token_ids in the reply).
+ * - The prompt: chat -> xtml_render_chat (K3 XTML or K2) ending in the generation prompt;
+ *   completions -> the text encoded with special-token text allowed (like --prompt), or the ids.
+ *   Stop ids: the template's (chat_stop_ids), for both endpoints.
+ * - Return 0, -1 (400: message in err, field in param) or -2 (out of memory). */
+#ifndef K3_OPENAI_API_H
+#define K3_OPENAI_API_H
+
+#include "coordinator/chat.h"
+#include "coordinator/sampler.h"
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    const tokenizer *tok;
+    chat_template tmpl;
+    size_t vocab;              /* the model's */
+    size_t max_context;        /* prompt + max_tokens limit */
+    size_t default_max_tokens;
+    int default_thinking;
+} api_context;
+
+typedef struct {
+    int chat, stream, include_usage, logprobs, top_logprobs, thinking, return_token_ids, has_tools;
+    size_t max_tokens;
+    sampler_config sampling;
+    char **stop;
+    size_t n_stop;
+    chat_ids prompt;
+    int32_t *stop_ids;
+    size_t n_stop_ids;
+} api_request;
+
+int api_parse(const api_context *c, int chat, const char *body, size_t len, api_request *r, char *err, size_t errlen,
+              char *param, size_t paramlen);
+void api_request_free(api_request *r);
+
+/* {"error": {"message", "type", "param", "code"}} as a malloc'd string. */
+char *api_error_json(const char *message, const char *type, const char *param, const char *code);
+
+#endif

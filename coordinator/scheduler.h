@@ -1,0 +1,108 @@
+/* scheduler.h - the server's generation loop: slots, a bounded queue, batched steps, cancellation.
+ *
+ * Contract
+ * - One scheduler thread owns the engine. Up to `parallel` sequences (slots) are active at once;
+ *   each slot owns its seq_state, sampler and a row of logits. Requests wait in a FIFO queue of at
+ *   most `max_queue` entries; sched_submit refuses more (SCHED_EFULL: the server answers 429).
+ * - A step: newcomers from the queue take free slots; every active slot contributes either the next
+ *   chunk of its prompt (prefill, at most what is left of the step's token budget `chunk` after one
+ *   token per decoding slot, so a long prompt never stalls the others for more than one chunk) or
+ *   its last generated token (decode); one forward call runs them all (sched_forward: forward_batch
+ *   semantics; the fallback loops forward_chunk per sequence, which gives the same bits). A slot
+ *   whose prompt is complete picks its next id with its own sampler from its own logits row.
+ *   Per-sequence bits are independent of the batch and of chunking (forward.h), so every request's
+ *   ids and logits equal those of the same request run alone (`bin/k3 --ids`).
+ * - Prefix reuse: a freed slot keeps its state and the ids it has consumed. A new request whose
+ *   prompt strictly extends those ids takes that slot and feeds only the rest (req->n_cached says
+ *   how many were skipped). Otherwise the slot's state is reset.
+ * - Ending: a stop id (not part of the output), max_tokens (finish LENGTH), a cancel
+ *   (sched_cancel: a client went away or a stop string matched; the slot is freed at the next step),
+ *   an engine failure (finish ERROR with a message; the slot's state is reset), or shutdown.
+ * - Output goes to the request under its mutex (out[], n_out, done) and its condition variable is
+ *   broadcast after every token, so an HTTP thread can stream. Ownership: the request is
+ *   reference-counted (creator + scheduler); gen_request_release frees it at zero.
+ * - Logprobs: with want_logprobs, each output token carries log softmax of its logit (double
+ *   arithmetic over the row) and, for top_logprobs > 0, the top ids (highest first, lower id on a
+ *   tie) with theirs. These never influence the pick. */
+#ifndef K3_SCHEDULER_H
+#define K3_SCHEDULER_H
+
+#include "coordinator/forward.h"
+#include "coordinator/sampler.h"
+#include <pthread.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum { SCHED_OK = 0, SCHED_EFULL = -1, SCHED_ESHUTDOWN = -2, SCHED_ENOMEM = -3 };
+enum { FINISH_NONE = 0, FINISH_STOP, FINISH_LENGTH, FINISH_CANCEL, FINISH_ERROR };
+#define SCHED_MAX_TOP_LOGPROBS 20
+
+typedef struct gen_request {
+    /* input (set before sched_submit, not changed after) */
+    int32_t *prompt;
+    size_t n_prompt;
+    size_t max_tokens;
+    sampler_config sampling;
+    int32_t *stops;
+    size_t n_stops;
+    int want_logprobs, top_logprobs;
+    /* output, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int32_t *out;
+    float *logprob;        /* [n_out] when want_logprobs */
+    int32_t *top_id;       /* [n_out][top_logprobs] */
+    float *top_lp;
+    size_t n_out, cap;
+    int done, finish;
+    int32_t stop_id;       /* the stop id that ended it, or -1 */
+    size_t n_cached;       /* prompt ids skipped thanks to a slot's kept state */
+    int cancelled;         /* set by sched_cancel */
+    char error[256];
+    double t_submit, t_start, t_first, t_done; /* CLOCK_MONOTONIC seconds */
+    int refs;
+} gen_request;
+
+/* A zeroed request with refs = 1, its mutex and condition ready. NULL when out of memory. */
+gen_request *gen_request_new(void);
+void gen_request_release(gen_request *r);
+
+typedef struct scheduler scheduler;
+
+typedef struct {
+    size_t parallel, max_queue, chunk, max_context;
+} sched_config;
+
+typedef struct {
+    size_t active, queued, parallel;
+    uint64_t steps, tokens_prefilled, tokens_generated, prefix_tokens_reused, batch_rows;
+    double forward_s;
+} sched_stats;
+
+/* Starts the scheduler thread. NULL on failure (message in err). */
+scheduler *sched_create(engine *en, const sched_config *cfg, k3_error *err);
+/* Queues r (takes a reference). SCHED_OK, SCHED_EFULL, SCHED_ESHUTDOWN. */
+int sched_submit(scheduler *s, gen_request *r);
+/* Asks for r to end (FINISH_CANCEL unless it ends otherwise first). Safe at any time. */
+void sched_cancel(scheduler *s, gen_request *r);
+void sched_get_stats(scheduler *s, sched_stats *st);
+/* Cancels everything queued or running and stops the thread; the scheduler stays valid (submit
+ * answers SCHED_ESHUTDOWN, cancel does nothing). Idempotent. */
+void sched_stop(scheduler *s);
+/* sched_stop, then frees everything. NULL is fine. */
+void sched_destroy(scheduler *s);
+
+/* One sequence's part of a step: forward_batch's forward_seq (forward.h), field for field. */
+typedef struct {
+    seq_state *st;          /* tokens go at st->pos.., st->pos advances by n */
+    const int32_t *tokens;  /* n >= 1 */
+    size_t n;
+    size_t logits_from;     /* logits for rows logits_from..n-1 */
+    float *logits;          /* [(n - logits_from)][vocab], or NULL */
+} sched_seq;
+
+/* One forward call over several sequences with forward_batch's contract (every sequence's bits
+ * equal forward_chunk on it alone). Until forward_batch is on main: forward_chunk per sequence. */
+int sched_forward(engine *en, sched_seq *seqs, size_t n_seqs, k3_error *err);
+
+#endif

@@ -1,0 +1,42 @@
+/* xtml.h - rendering an OpenAI-style conversation (jansson values) to K3 ids with the XTML markup of
+ * shared/spec/K3-CHAT.md (sections 1-4), and to K2 ids through chat.h.
+ *
+ * Contract
+ * - Segments as Moonshot's encoding_k3.py: the four control tokens (<|open|> <|close|> <|sep|>
+ *   <|end_of_msg|>) are appended as their ids; every other piece (tag names, each attribute as the
+ *   four segments ` key`, `="`, escaped value, `"`, and every text body) is BPE-encoded ON ITS OWN
+ *   with special-token text disallowed, so typed markup never becomes a control id.
+ * - Order: tool-declare (when tools are given), thinking-effort (thinking on and an effort set),
+ *   the messages in their order (consecutive tool results re-ordered to the preceding assistant's
+ *   call order by tool_call_id; left alone if any id does not match), tool-choice (required/none),
+ *   response-format (json_object/json_schema), then the generation prompt (think or response).
+ * - Tool JSON is deep-key-sorted and compact; argument values follow the spec's table (string raw,
+ *   numbers/bools/null as JSON, objects and arrays with ", " / ": " separators in the given order).
+ * - Validation: every problem is refused with a message naming the request field
+ *   ("messages[2].tool_calls[0].function.arguments: ..."), never guessed: unknown roles, wrong types,
+ *   a content part that is not text, a tool result whose tool name cannot be found.
+ * - Return: 0, CHAT_EINPUT (message in err, the field path in param), CHAT_ENOMEM. */
+#ifndef K3_XTML_H
+#define K3_XTML_H
+
+#include "coordinator/chat.h"
+#include <jansson.h>
+
+typedef struct {
+    int thinking;             /* K3: think channel on */
+    const char *effort;       /* "low" | "high" | "max" or NULL (no thinking-effort message) */
+    const json_t *tools;      /* array or NULL */
+    const char *tool_choice;  /* "auto" | "none" | "required" | NULL */
+    const char *response_format;   /* NULL | "json_object" | "json_schema" */
+    const json_t *json_schema;     /* the schema object for json_schema */
+    const char *default_system;    /* K2: added when the conversation has no system message */
+} xtml_options;
+
+int xtml_render_chat(const tokenizer *tok, chat_template t, const json_t *messages, const xtml_options *o,
+                     chat_ids *out, char *err, size_t errlen, char *param, size_t paramlen);
+
+/* Python json.dumps(v, ensure_ascii=False) with default separators, keys in their order
+ * (malloc'd, NULL when out of memory). */
+char *xtml_json_default(const json_t *v);
+
+#endif

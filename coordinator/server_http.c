@@ -405,6 +405,11 @@ static json_t *whole_reply(gen_ctx *g) {
 static void gen_ctx_free(gen_ctx *g) {
     if (!g) return;
     if (g->req) {
+        if (!g->observed) { /* the client went away before the end */
+            pthread_mutex_lock(&g->sv->m.mu);
+            g->sv->m.cancelled++;
+            pthread_mutex_unlock(&g->sv->m.mu);
+        }
         sched_cancel(g->sv->sched, g->req);
         gen_request_release(g->req);
     }

@@ -65,6 +65,7 @@ const char k3_webpage_html[] =
     "document.getElementById('reset').onclick=()=>{messages=[];log.textContent='';statusEl.textContent='';};\n"
     "input.addEventListener('keydown',e=>{if(e.key==='Enter'&&!e.shiftKey){e.preventDefault();send();}});\n"
     "const q=new URLSearchParams(location.search);\n"
+    "if(q.get('key'))document.getElementById('key').value=q.get('key');\n"
     "if(q.get('ask')){document.getElementById('maxtok').value=q.get('max')||'16';\n"
     "  if(q.get('thinking')==='0')document.getElementById('thinking').checked=false;input.value=q.get('ask');send();}\n"
     "</script></body></html>\n";

@@ -172,7 +172,7 @@ fi
 # ---- the static page in headless Chromium ----
 CHROME=$(command -v chromium || command -v chromium-browser || true)
 if [ -n "$CHROME" ] && command -v node >/dev/null; then
-  CHROME="$CHROME" K3_URL="$URL" OUT="$T" timeout 120 node tests/webpage_test.js || fail "chat page in Chromium"
+  CHROME="$CHROME" K3_URL="$URL" K3_KEY="$KEY" OUT="$T" timeout 120 node tests/webpage_test.js || fail "chat page in Chromium"
 else
   echo "SKIP chat page: no chromium or node"
 fi

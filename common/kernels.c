@@ -143,6 +143,8 @@ static rowblock_fns rowblock_for(const kernels *k) {
         b.mxfp4_x2 = k3_rows_mxfp4_x2_avx512;
     }
     if (k->dot_mxfp4 == k3_dot_mxfp4_avx2) b.mxfp4 = k3_rows_mxfp4_avx2;
+    if (k->dot_f32 == k3_dot_f32_avx2) b.f32 = k3_rows_f32_avx2;
+    if (k->dot_bf16 == k3_dot_bf16_avx2) b.bf16 = k3_rows_bf16_avx2;
 #else
     (void)k;
 #endif

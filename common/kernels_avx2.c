@@ -1,9 +1,10 @@
 /* kernels_avx2.c - AVX2 dot products of the exact kernel contract (kernels.h):
  * the 8 double lanes live in two __m256d (lanes 0-3 and 4-7); products are formed
- * exactly in double (multiply, then add: never FMA), tails add +0.0 to the empty
- * lanes, and the lanes are reduced in the fixed order of k3_reduce8. Single-row
- * dots plus a K3_ROWBLOCK-row MXFP4 kernel running the same per-row operations
- * interleaved. Compiled with -mavx2 -mfma. */
+ * exactly in double (dense single-row dots multiply, then add; the row-block
+ * kernels and MXFP4 use FMA, the same bits because every product is exact), tails add
+ * +0.0 to the empty lanes, and the lanes are reduced in the fixed order of
+ * k3_reduce8. Single-row dots plus K3_ROWBLOCK-row kernels (f32, bf16, MXFP4)
+ * running the same per-row operations interleaved. Compiled with -mavx2 -mfma. */
 #include "common/kernels_impl.h"
 
 #ifdef K3_HAVE_X86_KERNELS
@@ -42,6 +43,65 @@ float k3_dot_f32_avx2(const float *w, const float *x, size_t n) {
 static inline __m256 bf16x8_to_ps(__m128i h) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
+
+/* ---- K3_ROWBLOCK (4) consecutive rows, dense: the single-row dot's operations,
+ * interleaved so that 8 accumulation chains overlap, x converted once for the 4
+ * rows, the lanes += w*x done with FMA: the double product of a float or bf16
+ * weight and a float is exact, so fma(w, x, acc) rounds once exactly as
+ * acc + w*x does (same bits; tests/unit/test_kernels.c). Software prefetch
+ * K3_PF_AHEAD bytes ahead in each row (the rows are streamed from memory). */
+#define K3_PF_AHEAD 1024
+static inline __attribute__((always_inline)) void prefetch_rows4(const void *w, size_t row_bytes, size_t at) {
+    uintptr_t p = (uintptr_t)w + at + K3_PF_AHEAD;
+    _mm_prefetch((const char *)p, _MM_HINT_T0);
+    _mm_prefetch((const char *)(p + row_bytes), _MM_HINT_T0);
+    _mm_prefetch((const char *)(p + 2 * row_bytes), _MM_HINT_T0);
+    _mm_prefetch((const char *)(p + 3 * row_bytes), _MM_HINT_T0);
+}
+
+/* lanes (lo, hi) += w8 * x as doubles; w8 holds 8 floats, x0/x1 the 8 activations */
+#define K3_FMA8(lo, hi, w8, x0, x1)                                                                       \
+    do {                                                                                                  \
+        __m256 w8_ = (w8);                                                                                \
+        lo = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(w8_)), x0, lo);                       \
+        hi = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(w8_, 1)), x1, hi);                     \
+    } while (0)
+
+#define K3_ROWS4_BODY(LOADW, W_T)                                                                         \
+    __m256d a0 = _mm256_setzero_pd(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;     \
+    const W_T *w1 = w + n, *w2 = w + 2 * n, *w3 = w + 3 * n;                                              \
+    size_t i = 0;                                                                                         \
+    for (; i + 8 <= n; i += 8) {                                                                          \
+        if ((i * sizeof(W_T)) % 64 == 0) prefetch_rows4(w, n * sizeof(W_T), i * sizeof(W_T));             \
+        __m256d x0 = _mm256_cvtps_pd(_mm_loadu_ps(x + i)), x1 = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4)); \
+        K3_FMA8(a0, a1, LOADW(w + i), x0, x1);                                                            \
+        K3_FMA8(b0, b1, LOADW(w1 + i), x0, x1);                                                           \
+        K3_FMA8(c0, c1, LOADW(w2 + i), x0, x1);                                                           \
+        K3_FMA8(d0, d1, LOADW(w3 + i), x0, x1);                                                           \
+    }                                                                                                     \
+    if (i < n) { /* empty lanes: 0 * 0 = +0.0 */                                                          \
+        W_T wt[4][8];                                                                                     \
+        float xt[8] = {0};                                                                                \
+        memset(wt, 0, sizeof wt);                                                                         \
+        for (size_t r = 0; r < 4; r++) memcpy(wt[r], w + r * n + i, (n - i) * sizeof(W_T));               \
+        memcpy(xt, x + i, (n - i) * sizeof *x);                                                           \
+        __m256d x0 = _mm256_cvtps_pd(_mm_loadu_ps(xt)), x1 = _mm256_cvtps_pd(_mm_loadu_ps(xt + 4));       \
+        K3_FMA8(a0, a1, LOADW(wt[0]), x0, x1);                                                            \
+        K3_FMA8(b0, b1, LOADW(wt[1]), x0, x1);                                                            \
+        K3_FMA8(c0, c1, LOADW(wt[2]), x0, x1);                                                            \
+        K3_FMA8(d0, d1, LOADW(wt[3]), x0, x1);                                                            \
+    }                                                                                                     \
+    out[0] = reduce256(a0, a1);                                                                           \
+    out[1] = reduce256(b0, b1);                                                                           \
+    out[2] = reduce256(c0, c1);                                                                           \
+    out[3] = reduce256(d0, d1);
+
+#define K3_LOAD_F32(p) _mm256_loadu_ps(p)
+#define K3_LOAD_BF16(p) bf16x8_to_ps(_mm_loadu_si128((const __m128i *)(p)))
+
+void k3_rows_f32_avx2(const float *w, const float *x, size_t n, float *out) { K3_ROWS4_BODY(K3_LOAD_F32, float) }
+
+void k3_rows_bf16_avx2(const uint16_t *w, const float *x, size_t n, float *out) { K3_ROWS4_BODY(K3_LOAD_BF16, uint16_t) }
 
 float k3_dot_bf16_avx2(const uint16_t *w, const float *x, size_t n) {
     __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
@@ -85,12 +145,14 @@ static inline __m256 mxfp4_e8(const mxfp4_consts *c, const uint8_t *p) {
     return _mm256_or_ps(_mm256_permutevar8x32_ps(c->mag, codes), sgn);
 }
 
-/* a0/a1 += the 8 products of one group: e (E2M1 floats), scale s, x as two __m256d */
+/* a0/a1 += the 8 products of one group: e (E2M1 floats), scale s, x as two __m256d.
+ * The weight E2M1 * 2^(s-127) is exact in double and its product with a float too,
+ * so the FMA gives the bits of multiply-then-add. */
 #define K3_MXFP4_ACC(a0, a1, e, s, x0, x1)                                                                \
     do {                                                                                                  \
         __m256 e_ = (e);                                                                                  \
-        a0 = _mm256_add_pd(a0, _mm256_mul_pd(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(e_)), s), x0)); \
-        a1 = _mm256_add_pd(a1, _mm256_mul_pd(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(e_, 1)), s), x1)); \
+        a0 = _mm256_fmadd_pd(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(e_)), s), x0, a0);      \
+        a1 = _mm256_fmadd_pd(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(e_, 1)), s), x1, a1);    \
     } while (0)
 
 float k3_dot_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n) {

@@ -29,6 +29,8 @@ float k3_dot_f32_avx2(const float *w, const float *x, size_t n);
 float k3_dot_bf16_avx2(const uint16_t *w, const float *x, size_t n);
 float k3_dot_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n);
 void k3_rows_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out);
+void k3_rows_f32_avx2(const float *w, const float *x, size_t n, float *out);
+void k3_rows_bf16_avx2(const uint16_t *w, const float *x, size_t n, float *out);
 float k3_dot_f32_avx512(const float *w, const float *x, size_t n);
 float k3_dot_bf16_avx512(const uint16_t *w, const float *x, size_t n);
 float k3_dot_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n);

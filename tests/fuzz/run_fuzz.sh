@@ -6,14 +6,14 @@
 # ignored tests/fuzz/corpus-work/<target>/, crash/leak/timeout reproducers to
 # tests/fuzz/corpus-work/crashes/. Exit status is non-zero if any target failed.
 #   FUZZ_SECONDS=N     seconds per target (default 60)
-#   FUZZ_TARGETS="a b" targets to run (default: safetensors config state)
+#   FUZZ_TARGETS="a b" targets to run (default: safetensors config state openai)
 #   FUZZ_JOBS=N        parallel libFuzzer workers per target (default 1)
 #   CLANG=path         compiler (default clang-14, else clang)
 #   Replay one input:  build/fuzz/fuzz_config FILE
 set -u
 cd "$(dirname "$0")/../.."
 SECONDS_PER="${FUZZ_SECONDS:-60}"
-TARGETS="${FUZZ_TARGETS:-safetensors config state}"
+TARGETS="${FUZZ_TARGETS:-safetensors config state openai}"
 JOBS="${FUZZ_JOBS:-1}"
 CLANG="${CLANG:-$(command -v clang-14 || command -v clang)}"
 OUT=build/fuzz
@@ -31,6 +31,8 @@ sources_for() {
     config)      echo common/config.c common/error.c ;;
     state)       echo coordinator/state_file.c coordinator/state.c coordinator/sampler.c common/hash64.c \
                       common/config.c common/error.c common/file_read.c ;;
+    openai)      echo coordinator/openai_api.c coordinator/xtml.c coordinator/chat.c coordinator/tokenizer.c \
+                      coordinator/unicode_classes.c coordinator/sampler.c common/error.c common/file_read.c ;;
     *) echo "run_fuzz.sh: unknown target '$1'" >&2; return 1 ;;
   esac
 }

@@ -1,0 +1,142 @@
+#!/usr/bin/python3
+"""Server throughput on a model: aggregate generated tokens/s and per-request latency at several
+numbers of concurrent streams, and bytes read per generated token (from /metrics).
+
+  scripts/bench_server.py MODEL_DIR [--streams 1,2,4,8] [--gen 8] [--k3 bin/k3] [--md FILE]
+                          [-- extra bin/k3 flags, e.g. --mem-gb 8 --workers 1]
+
+Starts `bin/k3 MODEL --serve --port 0 --parallel MAX(streams)` with the extra flags, measures the
+machine's ceilings in the same run (DRAM read bandwidth: numpy sum over 1 GiB; FMA peak: not
+measured here, see bench_kernels), then for each N sends N streamed /v1/completions at once
+(distinct prompts of 8 ids, greedy, max_tokens --gen). Per request: time to first token and total
+latency; per N: generated tokens / wall time and (expert bytes read + trunk bytes streamed) /
+generated token. Wrap runs on models-big/rw6 in `flock /work/bench.lock`. Progress on stderr,
+a markdown table on stdout (and appended to --md)."""
+import json, os, platform, re, subprocess, sys, threading, time, urllib.request
+
+
+def metric(url, name):
+    txt = urllib.request.urlopen(url + "/metrics").read().decode()
+    m = re.search(r"^%s (\S+)$" % re.escape(name), txt, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def dram_gbs():
+    import numpy as np
+    a = np.ones(1 << 27)  # 1 GiB of float64
+    a.sum()
+    best = 0
+    for _ in range(3):
+        t = time.perf_counter()
+        a.sum()
+        best = max(best, a.nbytes / (time.perf_counter() - t) / 1e9)
+    return best
+
+
+def one(url, k, prompt, gen, out):
+    body = json.dumps({"prompt": prompt, "max_tokens": gen, "stream": True, "return_token_ids": True}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    t0 = time.perf_counter()
+    first = None
+    ids = []
+    r = urllib.request.urlopen(req, timeout=3600)
+    buf = b""
+    while True:
+        c = r.read1(65536)
+        if not c:
+            break
+        buf += c
+        while b"\n\n" in buf:
+            ev, buf = buf.split(b"\n\n", 1)
+            d = ev[6:]
+            if d == b"[DONE]":
+                continue
+            j = json.loads(d)
+            for ch in j.get("choices", []):
+                if ch.get("token_ids"):
+                    if first is None:
+                        first = time.perf_counter() - t0
+                    ids += ch["token_ids"]
+    out.append({"k": k, "ttft": first, "latency": time.perf_counter() - t0, "n": len(ids), "ids": ids})
+
+
+def main():
+    args = sys.argv[1:]
+    extra = []
+    if "--" in args:
+        extra = args[args.index("--") + 1:]
+        args = args[:args.index("--")]
+    model = args[0]
+    opts = {"--streams": "1,2,4,8", "--gen": "8", "--k3": "bin/k3", "--md": None}
+    for i in range(1, len(args), 2):
+        opts[args[i]] = args[i + 1]
+    streams = [int(x) for x in opts["--streams"].split(",")]
+    gen = int(opts["--gen"])
+    cmd = [opts["--k3"], model, "--serve", "--port", "0", "--parallel", str(max(streams))] + extra
+    print("bench_server: " + " ".join(cmd), file=sys.stderr)
+    err = open("/tmp/bench_server.%d.err" % os.getpid(), "w+")
+    p = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+    url = None
+    for _ in range(6000):
+        err.seek(0)
+        m = re.search(r"serving on (http://\S+)", err.read())
+        if m:
+            url = m.group(1)
+            break
+        if p.poll() is not None:
+            err.seek(0)
+            sys.exit("server failed: " + err.read()[-2000:])
+        time.sleep(0.1)
+    bw = dram_gbs()
+    load = os.getloadavg()
+    rows = []
+    alone = {}
+    try:
+        for n in streams:
+            prompts = [[163584] + [1000 * (k + 1) + 37 * j for j in range(7)] for k in range(n)]
+            b0 = metric(url, "k3_expert_bytes_read_total") + metric(url, "k3_trunk_bytes_streamed_total")
+            s0, r0 = metric(url, "k3_steps_total"), metric(url, "k3_step_rows_total")
+            out = []
+            t0 = time.perf_counter()
+            th = [threading.Thread(target=one, args=(url, k, pr, gen, out)) for k, pr in enumerate(prompts)]
+            for t in th:
+                t.start()
+            for t in th:
+                t.join()
+            wall = time.perf_counter() - t0
+            b1 = metric(url, "k3_expert_bytes_read_total") + metric(url, "k3_trunk_bytes_streamed_total")
+            s1, r1 = metric(url, "k3_steps_total"), metric(url, "k3_step_rows_total")
+            tok = sum(o["n"] for o in out)
+            # the first prompt is the same at every N: its ids must not change with the batch
+            ids0 = [o["ids"] for o in out if o["k"] == 0][0]
+            if "ids" in alone and ids0 != alone["ids"]:
+                sys.exit("bench_server: the first prompt's ids changed with %d streams" % n)
+            alone["ids"] = ids0
+            row = {"streams": n, "tokens": tok, "wall": wall, "tps": tok / wall,
+                   "lat": sum(o["latency"] for o in out) / n, "ttft": sum(o["ttft"] or 0 for o in out) / n,
+                   "gib_per_tok": (b1 - b0) / tok / 2**30 if tok else 0, "rows_per_step": (r1 - r0) / max(1, s1 - s0)}
+            rows.append(row)
+            print("bench_server: %d streams: %d tokens in %.1f s = %.3f tok/s, latency %.1f s, first token %.1f s, "
+                  "%.3f GiB read/token, %.2f rows/step" % (n, tok, wall, row["tps"], row["lat"], row["ttft"],
+                                                         row["gib_per_tok"], row["rows_per_step"]), file=sys.stderr)
+    finally:
+        p.terminate()
+        p.wait()
+    lines = ["", "Machine: %s, %d cores, load average %.1f %.1f %.1f at the start. Date: %s." % (
+        platform.machine(), os.cpu_count(), load[0], load[1], load[2], time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())),
+        "Ceiling measured in the same run: DRAM read %.1f GB/s (numpy sum over 1 GiB, best of 3)." % bw,
+        "Command: `scripts/bench_server.py %s --streams %s --gen %d -- %s`" % (model, opts["--streams"], gen, " ".join(extra)),
+        "", "| streams | generated tokens | wall s | aggregate tok/s | vs 1 stream | mean latency s | mean first token s "
+        "| GiB read / token | sequences per forward step |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append("| %d | %d | %.1f | %.3f | %.2fx | %.1f | %.1f | %.3f | %.2f |" % (
+            r["streams"], r["tokens"], r["wall"], r["tps"], r["tps"] / rows[0]["tps"], r["lat"], r["ttft"],
+            r["gib_per_tok"], r["rows_per_step"]))
+    txt = "\n".join(lines) + "\n"
+    print(txt)
+    if opts["--md"]:
+        open(opts["--md"], "a").write(txt)
+
+
+if __name__ == "__main__":
+    main()

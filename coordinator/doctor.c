@@ -8,8 +8,8 @@
 #include "common/checkpoint.h"
 #include "common/config.h"
 #include "common/kernels.h"
+#include "common/topology.h"
 #include "coordinator/plan.h"
-#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -29,22 +29,10 @@
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 #define MIB (1024.0 * 1024.0)
-#define MAX_NODES 64
 #define READ_TEST_SECONDS 2.0
 #define READ_TEST_BYTES ((uint64_t)2 << 30)
 #define READ_CHUNK ((uint64_t)8 << 20)
 #define IO_ALIGN_ 4096u
-
-typedef struct {
-    int id, n_cpus;
-    char cpulist[256];
-    uint64_t mem_total, mem_free;
-} topo_node;
-
-typedef struct {
-    int n_nodes;
-    topo_node node[MAX_NODES];
-} topo_info;
 
 typedef struct {
     char problems[32][512];
@@ -75,21 +63,6 @@ static void read_line(const char *path, char *buf, size_t len) {
     fclose(f);
 }
 
-/* Number of CPUs in a list like "0-3,8,10-11". */
-static int count_cpulist(const char *s) {
-    int n = 0;
-    while (*s) {
-        char *end;
-        long a = strtol(s, &end, 10), b = a;
-        if (end == s) break;
-        if (*end == '-') { s = end + 1; b = strtol(s, &end, 10); }
-        if (b >= a) n += (int)(b - a + 1);
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') break;
-    }
-    return n;
-}
-
 /* A "Key: N kB" value of a meminfo-style file, in bytes (counts without kB as is); 0 if absent. */
 static uint64_t meminfo_value(const char *path, const char *key) {
     FILE *f = fopen(path, "r");
@@ -106,43 +79,6 @@ static uint64_t meminfo_value(const char *path, const char *key) {
     }
     fclose(f);
     return v;
-}
-
-/* The NUMA topology from /sys/devices/system/node (one node with every CPU when
- * the directory is absent). The one place that reads it; to be replaced by the
- * topology module (common/topology.h) when it lands. */
-static void read_topology(topo_info *t, int online_cpus) {
-    memset(t, 0, sizeof *t);
-    DIR *d = opendir("/sys/devices/system/node");
-    struct dirent *de;
-    while (d && (de = readdir(d)) && t->n_nodes < MAX_NODES) {
-        int id;
-        char tail;
-        if (sscanf(de->d_name, "node%d%c", &id, &tail) != 1) continue;
-        topo_node *n = &t->node[t->n_nodes++];
-        char path[320];
-        n->id = id;
-        snprintf(path, sizeof path, "/sys/devices/system/node/%s/cpulist", de->d_name);
-        read_line(path, n->cpulist, sizeof n->cpulist);
-        n->n_cpus = count_cpulist(n->cpulist);
-        snprintf(path, sizeof path, "/sys/devices/system/node/%s/meminfo", de->d_name);
-        n->mem_total = meminfo_value(path, "MemTotal");
-        n->mem_free = meminfo_value(path, "MemFree");
-    }
-    if (d) closedir(d);
-    for (int i = 1; i < t->n_nodes; i++) /* readdir order is arbitrary */
-        for (int j = i; j > 0 && t->node[j].id < t->node[j - 1].id; j--) {
-            topo_node tmp = t->node[j];
-            t->node[j] = t->node[j - 1];
-            t->node[j - 1] = tmp;
-        }
-    if (t->n_nodes == 0) {
-        t->n_nodes = 1;
-        t->node[0].n_cpus = online_cpus;
-        snprintf(t->node[0].cpulist, sizeof t->node[0].cpulist, "0-%d", online_cpus - 1);
-        t->node[0].mem_total = meminfo_value("/proc/meminfo", "MemTotal");
-        t->node[0].mem_free = meminfo_value("/proc/meminfo", "MemFree");
-    }
 }
 
 /* ---- the model's file system ---- */
@@ -330,27 +266,35 @@ int doctor_run(const doctor_options *o) {
     json_object_set_new(jc, "simd_auto", json_string(best ? best->name : "?"));
     json_object_set_new(j, "cpu", jc);
 
-    /* ---- topology ---- */
-    topo_info topo;
-    read_topology(&topo, (int)online);
+    /* ---- topology (common/topology.h: nodes, usable cpus, memory, cpuset and affinity) ---- */
+    k3_topology topo;
+    k3_error te = {0};
+    int topo_ok = topology_read("/", &topo, &te) == 0;
     int libnuma = numa_available() >= 0;
-    printf("\nNUMA topology: %d node(s)%s\n", topo.n_nodes, libnuma ? "" : " (libnuma: NUMA not available, servers are not bound)");
+    printf("\nNUMA\n");
+    if (topo_ok) topology_print(&topo, stdout, "  ");
+    else printf("  topology unreadable: %s\n", te.msg);
+    if (!libnuma) printf("  libnuma: NUMA not available (servers are not bound)\n");
     json_t *jt = json_array();
-    for (int i = 0; i < topo.n_nodes; i++) {
-        const topo_node *n = &topo.node[i];
-        printf("  node %d: cpus %s (%d), memory %.1f GiB, free %.1f GiB\n", n->id, n->cpulist[0] ? n->cpulist : "none", n->n_cpus,
-               n->mem_total / GIB, n->mem_free / GIB);
+    for (int i = 0; topo_ok && i < topo.n_nodes; i++) {
+        const topo_node *n = &topo.nodes[i];
+        char list[256];
         json_t *jn = json_object();
         json_object_set_new(jn, "node", json_integer(n->id));
-        json_object_set_new(jn, "cpus", json_string(n->cpulist));
+        json_object_set_new(jn, "cpus", json_string(topo_cpuset_format(&n->cpus, list, sizeof list)));
         json_object_set_new(jn, "n_cpus", json_integer(n->n_cpus));
+        json_object_set_new(jn, "n_cpus_online", json_integer(n->n_cpus_online));
         json_object_set_new(jn, "mem_total_bytes", json_integer((json_int_t)n->mem_total));
         json_object_set_new(jn, "mem_free_bytes", json_integer((json_int_t)n->mem_free));
+        json_object_set_new(jn, "mem_usable", json_boolean(n->mem_usable));
         json_array_append_new(jt, jn);
     }
     json_object_set_new(j, "numa_nodes", jt);
-    if (topo.n_nodes > 1 && !libnuma)
+    if (!topo_ok) problem(&pl, "the NUMA topology cannot be read (%s): k3 itself would refuse to place its servers. Fix: check /sys/devices/system/node and /proc/self/status", te.msg);
+    else if (topo.n_nodes > 1 && !libnuma)
         problem(&pl, "%d NUMA nodes but libnuma reports NUMA unavailable: expert servers cannot be bound to their node. Fix: boot without numa=off / run outside a container that hides NUMA", topo.n_nodes);
+    if (topo_ok && topo.n_cpus < online)
+        printf("  this process may use %d of the %ld online cpus (affinity mask or cpuset)\n", topo.n_cpus, online);
 
     /* ---- memory ---- */
     uint64_t mem_total = meminfo_value("/proc/meminfo", "MemTotal"), mem_avail = meminfo_value("/proc/meminfo", "MemAvailable");
@@ -474,16 +418,32 @@ int doctor_run(const doctor_options *o) {
     json_object_set_new(j, "dram_read_gb_per_s", json_real(dram));
 
     /* ---- advice ---- */
-    int nodes = libnuma ? topo.n_nodes : 1;
-    int workers = nodes;
-    printf("\nAdvice\n  --threads %ld: every online core; the coordinator and the servers take turns (idle OpenMP threads sleep)\n", online);
-    if (nodes > 1)
-        printf("  --workers-per-node 1 (= --workers %d): one expert server per NUMA node keeps each server's cache in its node's memory;\n"
+    /* the default placement (topology.h): one server per domain, every usable cpu */
+    int workers = 1, threads = (int)online, domains = 1;
+    placement plc = {0};
+    if (topo_ok) {
+        placement_request rq = {.workers = -1, .workers_per_node = 1, .numa = libnuma};
+        k3_error pe = {0};
+        if (placement_make(&topo, &rq, &plc, &pe) == 0) {
+            workers = plc.n_servers;
+            threads = plc.coord_threads;
+            domains = plc.n_domains;
+        }
+    }
+    printf("\nAdvice\n  --threads %d: every usable cpu; the coordinator and the servers take turns on them (idle threads sleep)\n", threads);
+    if (domains > 1)
+        printf("  --workers-per-node 1 (= --workers %d): one expert server per NUMA domain keeps each server's cache in its node's memory;\n"
                "    more servers per node only split the same cache and cores\n", workers);
     else
         printf("  --workers 1 (the default on one node): one expert server; --workers 0 (in-process) saves the rings and one process\n");
+    for (int i = 0; i < plc.n_servers && plc.bound; i++) {
+        char list[256];
+        printf("    server %d: node %d, cpus %s, %d threads\n", i, plc.server[i].node, topo_cpuset_format(&plc.server[i].cpus, list, sizeof list),
+               plc.server[i].threads);
+    }
+    placement_free(&plc);
     json_t *ja = json_object();
-    json_object_set_new(ja, "threads", json_integer(online));
+    json_object_set_new(ja, "threads", json_integer(threads));
     json_object_set_new(ja, "workers", json_integer(workers));
     json_object_set_new(ja, "workers_per_node", json_integer(1));
     if (mf.have_model && mf.config_ok) {
@@ -570,5 +530,6 @@ int doctor_run(const doctor_options *o) {
     json_decref(j);
     if (mf.have_model && mf.config_ok) config_free(&cfg);
     if (mf.ckpt_ok) checkpoint_close(&ck);
+    if (topo_ok) topology_free(&topo);
     return status;
 }

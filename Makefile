@@ -13,6 +13,7 @@ BIN     ?= bin
 # Per-file SIMD flags: only these files are compiled for AVX2 / AVX-512; the
 # choice between them is made at run time (kernels_get).
 AVX2_FLAGS   = -mavx2 -mfma
+SHANI_FLAGS  = -msha -msse4.1 -mssse3
 AVX512_FLAGS = -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma
 
 COMMON_SRCS = $(sort $(wildcard common/*.c))
@@ -34,7 +35,7 @@ all: $(PROGS) $(UNIT_BINS)
 
 $(BUILD)/%.o: %.c $(wildcard common/*.h coordinator/*.h workers/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(if $(findstring _avx512,$<),$(AVX512_FLAGS),$(if $(findstring _avx2,$<),$(AVX2_FLAGS))) -c $< -o $@
+	$(CC) $(CFLAGS) $(if $(findstring _avx512,$<),$(AVX512_FLAGS),$(if $(findstring _avx2,$<),$(AVX2_FLAGS)))$(if $(findstring _shani,$<), $(SHANI_FLAGS)) -c $< -o $@
 
 $(LIB): $(LIB_OBJS)
 	@mkdir -p $(dir $@)

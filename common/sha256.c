@@ -2,6 +2,20 @@
 #include "common/sha256.h"
 #include <stdio.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+int sha256_cpu_has_shani(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !(c & (1u << 9)) || !(c & (1u << 19))) return 0; /* SSSE3, SSE4.1 */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    return (b >> 29) & 1; /* SHA */
+#else
+    return 0;
+#endif
+}
 
 static const uint32_t K[64] = {
     0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
@@ -39,6 +53,12 @@ void sha256_init(sha256_ctx *c) {
     memcpy(c->h, H0, sizeof H0);
     c->bytes = 0;
     c->n = 0;
+    c->use_shani = sha256_cpu_has_shani();
+}
+
+static void blocks(sha256_ctx *c, const uint8_t *p, size_t n) {
+    if (c->use_shani) { sha256_blocks_shani(c->h, p, n, K); return; }
+    for (size_t i = 0; i < n; i++) block(c->h, p + 64 * i);
 }
 
 void sha256_update(sha256_ctx *c, const void *data, size_t len) {
@@ -49,10 +69,12 @@ void sha256_update(sha256_ctx *c, const void *data, size_t len) {
         memcpy(c->buf + c->n, p, take);
         c->n += take; p += take; len -= take;
         if (c->n < 64) return;
-        block(c->h, c->buf);
+        blocks(c, c->buf, 1);
         c->n = 0;
     }
-    for (; len >= 64; p += 64, len -= 64) block(c->h, p);
+    blocks(c, p, len / 64);
+    p += len / 64 * 64;
+    len %= 64;
     memcpy(c->buf, p, len);
     c->n = len;
 }
@@ -62,12 +84,12 @@ void sha256_final(sha256_ctx *c, uint8_t out[32]) {
     c->buf[c->n++] = 0x80;
     if (c->n > 56) {
         memset(c->buf + c->n, 0, 64 - c->n);
-        block(c->h, c->buf);
+        blocks(c, c->buf, 1);
         c->n = 0;
     }
     memset(c->buf + c->n, 0, 56 - c->n);
     for (int i = 0; i < 8; i++) c->buf[56 + i] = (uint8_t)(bits >> (56 - 8 * i));
-    block(c->h, c->buf);
+    blocks(c, c->buf, 1);
     for (int i = 0; i < 8; i++) {
         out[4 * i] = (uint8_t)(c->h[i] >> 24); out[4 * i + 1] = (uint8_t)(c->h[i] >> 16);
         out[4 * i + 2] = (uint8_t)(c->h[i] >> 8); out[4 * i + 3] = (uint8_t)c->h[i];

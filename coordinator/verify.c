@@ -1,13 +1,14 @@
 /* verify.c - every byte of a checkpoint checked once (see verify.h).
  *
  * Structure first (config, index, shard headers, the engine's loader), then one
- * pass over the data: chunks (8 MiB) in file order are handed to reader
+ * pass over the data: chunks (8 MiB) in file order (with SHA-256, round robin
+ * over up to n_threads shards, so that shards hash in parallel) are handed to reader
  * threads; each reads its chunk (plus ALIGN bytes of overlap so an element that
  * starts in the chunk is whole), checks the values of the tensors that start
  * elements in it, and, with --sha256, deposits the buffer for the shard's hasher,
  * which consumes the shard's chunks strictly in order (one thread at a time per
  * shard; different shards hash in parallel). A thread needs a free buffer to take
- * a chunk; chunks are taken in order, so the oldest unhashed chunk of a shard is
+ * a chunk; a shard's chunks are taken in order, so its oldest unhashed chunk is
  * always being read or ready, and the pipeline cannot stall. */
 #define _GNU_SOURCE /* O_DIRECT */
 #include "coordinator/verify.h"
@@ -54,7 +55,7 @@ typedef struct {
     int in_index, on_disk, header_ok;
     st_file f;
     tstat *ts;                  /* parallel to f.tensors */
-    uint64_t n_chunks, chunks_read, next_hash;
+    uint64_t n_chunks, next_assign, chunks_read, next_hash;
     int fd, direct, open_failed, hashing, hash_failed, hashed;
     sha256_ctx sha;
     char hex[65];
@@ -81,8 +82,8 @@ typedef struct {
     pthread_cond_t buf_cv, done_cv;
     vbuf *bufs;
     int n_bufs, n_threads, threads_left;
-    int cur_shard;
-    uint64_t cur_chunk;
+    int cur_shard;              /* shards before it are fully handed out */
+    unsigned rr;                /* round robin among the shards in flight */
     uint64_t bytes_total, bytes_done;
     int any_direct, any_buffered;
     uint64_t chunk;             /* read size, a multiple of ALIGN */
@@ -424,17 +425,20 @@ static void *reader(void *arg) {
     int sha = v->o->sha256 || v->o->expect_path;
     pthread_mutex_lock(&v->mu);
     for (;;) {
-        while (v->cur_shard < v->n_shards && (!v->sh[v->cur_shard].header_ok || v->cur_chunk == v->sh[v->cur_shard].n_chunks)) {
+        /* the next chunk: in file order, one shard after the other; with SHA-256 round
+         * robin over up to n_threads shards at once, so that many hashers can run */
+        while (v->cur_shard < v->n_shards && (!v->sh[v->cur_shard].header_ok || v->sh[v->cur_shard].next_assign == v->sh[v->cur_shard].n_chunks))
             v->cur_shard++;
-            v->cur_chunk = 0;
-        }
         if (v->cur_shard >= v->n_shards) break;
         int b;
         for (b = 0; b < v->n_bufs && v->bufs[b].state != 0; b++) {}
         if (b == v->n_bufs) { pthread_cond_wait(&v->buf_cv, &v->mu); continue; }
-        int si = v->cur_shard;
+        int cand[16], nc = 0, window = sha ? (v->n_threads < 16 ? v->n_threads : 16) : 1;
+        for (int i = v->cur_shard; i < v->n_shards && nc < window; i++)
+            if (v->sh[i].header_ok && v->sh[i].next_assign < v->sh[i].n_chunks) cand[nc++] = i;
+        int si = cand[v->rr++ % (unsigned)nc];
         vshard *s = &v->sh[si];
-        uint64_t idx = v->cur_chunk++;
+        uint64_t idx = s->next_assign++;
         if (s->fd < 0 && idx == 0) open_shard(v, s);
         vbuf *vb = &v->bufs[b];
         vb->state = 1;

@@ -484,6 +484,7 @@ int main(int argc, char **argv) {
         sc.default_max_tokens = (size_t)o.max_tokens;
         sc.thinking = o.thinking;
         sc.tmpl = o.tmpl;
+        sc.snapshot_bytes = (uint64_t)o.snapshot_mb << 20;
         sc.engine_stats = engine_stats;
         sc.engine_stats_ctx = &ri;
         status = server_run(&en, tok, &sc, &err);

@@ -164,17 +164,26 @@ static void slot_reset(scheduler *s, slot *sl) {
     seq_state_reset(&sl->st, &s->en->model->cfg);
 }
 
-static int hist_push(slot *sl, const int32_t *ids, size_t n) {
-    if (sl->st.pos + n > sl->hist_cap) {
+/* hist[at .. at+n) = ids */
+static int hist_put(slot *sl, size_t at, const int32_t *ids, size_t n) {
+    if (at + n > sl->hist_cap) {
         size_t nc = sl->hist_cap ? sl->hist_cap : 256;
-        while (nc < sl->st.pos + n) nc *= 2;
+        while (nc < at + n) nc *= 2;
         int32_t *h = realloc(sl->hist, nc * sizeof *h);
         if (!h) return -1;
         sl->hist = h;
         sl->hist_cap = nc;
     }
-    memcpy(sl->hist + sl->st.pos, ids, n * sizeof *ids);
+    memcpy(sl->hist + at, ids, n * sizeof *ids);
     return 0;
+}
+static int hist_push(slot *sl, const int32_t *ids, size_t n) { return hist_put(sl, sl->st.pos, ids, n); }
+
+/* The slot's state (st.pos ids of hist) into the snapshot store; a failure only costs reuse. */
+static void snap_keep(scheduler *s, slot *sl) {
+    if (!s->cfg.snaps || sl->st.pos == 0) return;
+    k3_error e = {0};
+    snap_insert(s->cfg.snaps, sl->hist, &sl->st, &e);
 }
 
 /* Moves queued requests into free slots; under s->mu. */
@@ -202,9 +211,20 @@ static void admit(scheduler *s) {
         s->q_head = (s->q_head + 1) % s->cfg.max_queue;
         s->q_len--;
         slot *sl = &s->slots[best >= 0 ? best : fresh];
-        if (best < 0) slot_reset(s, sl);
+        size_t have = best >= 0 ? best_len : 0;
+        if (best < 0) {
+            slot_reset(s, sl);
+            if (s->cfg.snaps && r->n_prompt > 1 && hist_put(sl, 0, r->prompt, r->n_prompt - 1) == 0) {
+                k3_error e = {0};
+                long L = snap_lookup(s->cfg.snaps, r->prompt, r->n_prompt, r->n_prompt - 1, &sl->st, &e);
+                if (L > 0 && (size_t)L == sl->st.pos) {
+                    have = (size_t)L;
+                    s->stats.snapshot_tokens_restored += have;
+                } else if (L != 0) slot_reset(s, sl); /* a failed restore leaves nothing usable */
+            }
+        }
         sl->req = r;
-        sl->fed = best >= 0 ? best_len : 0;
+        sl->fed = have;
         r->n_cached = sl->fed;
         s->stats.prefix_tokens_reused += sl->fed;
         char e[256];
@@ -312,6 +332,7 @@ static void *loop(void *arg) {
             if (sl->fed < r->n_prompt) {
                 sl->fed += s->seqs[j].n;
                 s->stats.tokens_prefilled += s->seqs[j].n;
+                if (sl->fed == r->n_prompt) snap_keep(s, sl);
             }
             if (!sl->want_logits) continue;
             int32_t id = sampler_pick(&sl->smp, sl->logits, s->V);
@@ -329,6 +350,7 @@ static void *loop(void *arg) {
                 pthread_mutex_unlock(&r->mu);
                 finish(r, FINISH_STOP, NULL);
                 slot_free_req(s, sl);
+                snap_keep(s, sl);
                 continue;
             }
             if (push_token(s, sl, id)) {
@@ -341,6 +363,7 @@ static void *loop(void *arg) {
             if (r->n_out >= r->max_tokens) { /* n_out only grows here, on this thread */
                 finish(r, FINISH_LENGTH, NULL);
                 slot_free_req(s, sl);
+                snap_keep(s, sl);
             }
         }
         pthread_mutex_unlock(&s->mu);

@@ -14,7 +14,12 @@
  *   ids and logits equal those of the same request run alone (`bin/k3 --ids`).
  * - Prefix reuse: a freed slot keeps its state and the ids it has consumed. A new request whose
  *   prompt strictly extends those ids takes that slot and feeds only the rest (req->n_cached says
- *   how many were skipped). Otherwise the slot's state is reset.
+ *   how many were skipped). Otherwise, with a snapshot store (cfg->snaps, snapshots.h), the slot
+ *   restores the longest stored history the prompt strictly extends; the store gets the state at
+ *   the end of every prompt and at the end of every request (its prompt + the fed reply), so a
+ *   conversation's next turn skips what was computed before, whichever slot it lands on.
+ *   Otherwise the slot's state is reset. Restored states are bit-exact (snapshots.h), so reuse
+ *   never changes a bit.
  * - Ending: a stop id (not part of the output), max_tokens (finish LENGTH), a cancel
  *   (sched_cancel: a client went away or a stop string matched; the slot is freed at the next step),
  *   an engine failure (finish ERROR with a message; the slot's state is reset), or shutdown.
@@ -29,6 +34,7 @@
 
 #include "coordinator/forward.h"
 #include "coordinator/sampler.h"
+#include "coordinator/snapshots.h"
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -71,11 +77,12 @@ typedef struct scheduler scheduler;
 
 typedef struct {
     size_t parallel, max_queue, chunk, max_context;
+    snap_store *snaps; /* NULL: none; used by the scheduler thread only */
 } sched_config;
 
 typedef struct {
     size_t active, queued, parallel;
-    uint64_t steps, tokens_prefilled, tokens_generated, prefix_tokens_reused, batch_rows;
+    uint64_t steps, tokens_prefilled, tokens_generated, prefix_tokens_reused, snapshot_tokens_restored, batch_rows;
     double forward_s;
 } sched_stats;
 

@@ -29,6 +29,7 @@ void server_config_default(server_config *c) {
     c->thinking = 1;
     c->model_name = "k3";
     c->body_limit = 4u << 20;
+    c->snapshot_bytes = (uint64_t)512 << 20;
     c->timeout_s = 60;
 }
 
@@ -56,6 +57,8 @@ typedef struct {
     server_config cfg;
     api_context api;
     scheduler *sched;
+    snap_store *snaps;
+    state_fingerprint fp;
     metrics m;
     volatile int stopping;
     pthread_mutex_t id_mu;
@@ -821,8 +824,11 @@ static enum MHD_Result metrics_page(server *sv, struct MHD_Connection *c) {
     P("# TYPE k3_step_rows_total counter\nk3_step_rows_total %llu\n", (unsigned long long)ss.batch_rows);
     P("# TYPE k3_forward_seconds_total counter\nk3_forward_seconds_total %.6f\n", ss.forward_s);
     P("# TYPE k3_prefill_tokens_total counter\nk3_prefill_tokens_total %llu\n", (unsigned long long)ss.tokens_prefilled);
-    P("# TYPE k3_prefix_tokens_reused_total counter\nk3_prefix_tokens_reused_total %llu\n",
+    P("# HELP k3_prefix_tokens_reused_total Prompt ids not fed because a slot's kept state or a snapshot had them.\n"
+      "# TYPE k3_prefix_tokens_reused_total counter\nk3_prefix_tokens_reused_total %llu\n",
       (unsigned long long)ss.prefix_tokens_reused);
+    P("# TYPE k3_snapshot_tokens_restored_total counter\nk3_snapshot_tokens_restored_total %llu\n",
+      (unsigned long long)ss.snapshot_tokens_restored);
     P("# TYPE k3_expert_servers gauge\nk3_expert_servers %d\n", es.n_workers);
     P("# TYPE k3_expert_server_restarts_total counter\nk3_expert_server_restarts_total %d\n", es.expert_restarts);
     P("# TYPE k3_expert_cache_hits_total counter\nk3_expert_cache_hits_total %llu\n", (unsigned long long)es.expert_hits);
@@ -974,7 +980,14 @@ int server_run(engine *en, const tokenizer *tok, const server_config *cfg, k3_er
     sigaddset(&set, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     status = 1;
-    sched_config sc = {cfg->parallel, cfg->max_queue, cfg->chunk, cfg->max_context};
+    sched_config sc = {cfg->parallel, cfg->max_queue, cfg->chunk, cfg->max_context, NULL};
+    if (cfg->snapshot_bytes) {
+        /* memory tier only: the fingerprint keys disk files, which the server does not write */
+        snap_options so = {.cfg = &en->model->cfg, .fp = &sv->fp, .mem_cap = cfg->snapshot_bytes,
+                           .max_positions = cfg->max_context};
+        if (snap_store_open(&sv->snaps, &so, err)) goto out;
+        sc.snaps = sv->snaps;
+    }
     if (!(sv->sched = sched_create(en, &sc, err))) goto out;
     d = MHD_start_daemon(flags, 0, NULL, NULL, handler, sv, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss,
                          MHD_OPTION_NOTIFY_COMPLETED, completed, sv, MHD_OPTION_CONNECTION_TIMEOUT,
@@ -1002,6 +1015,7 @@ out:
     if (sv->sched) sched_stop(sv->sched); /* wakes every waiting connection */
     if (d) MHD_stop_daemon(d);
     sched_destroy(sv->sched);
+    snap_store_free(sv->snaps);
     pthread_mutex_destroy(&sv->m.mu);
     pthread_mutex_destroy(&sv->id_mu);
     free(sv);

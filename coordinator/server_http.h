@@ -41,6 +41,7 @@ typedef struct {
     chat_template tmpl;            /* AUTO: detect */
     const char *model_name;
     size_t body_limit;             /* bytes */
+    uint64_t snapshot_bytes;       /* prefix snapshots kept in memory (0 = none) */
     unsigned timeout_s;            /* idle connection timeout */
     void (*engine_stats)(void *ctx, server_engine_stats *st);
     void *engine_stats_ctx;

@@ -128,6 +128,14 @@ cached = b["usage"]["prompt_tokens_details"]["cached_tokens"]
 assert b["choices"][0]["token_ids"] == alone(p2, 8), (b["choices"][0]["token_ids"], alone(p2, 8))
 print("prefix reuse: second turn skipped %d of %d prompt ids, ids equal the command line" % (cached, len(p2)))
 assert cached == len(p1) + len(g1) - 1 or len(g1) < 8, cached
+# turn 1's prompt + something else: no slot's history fits, the snapshot taken at the end of
+# turn 1's prompt does
+p3 = p1 + [450, 451, 452]
+c = complete(p3, 6)
+cached = c["usage"]["prompt_tokens_details"]["cached_tokens"]
+assert c["choices"][0]["token_ids"] == alone(p3, 6), (c["choices"][0]["token_ids"], alone(p3, 6))
+print("snapshot: a prompt extending turn 1's prompt restored %d of %d ids, ids equal the command line" % (cached, len(p3)))
+assert cached == len(p1), cached
 EOF
 
 # ---- a client that disconnects is cancelled ----

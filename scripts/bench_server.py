@@ -87,11 +87,11 @@ def main():
             err.seek(0)
             sys.exit("server failed: " + err.read()[-2000:])
         time.sleep(0.1)
-    bw = dram_gbs()
-    load = os.getloadavg()
     rows = []
     alone = {}
     try:
+        bw = dram_gbs()
+        load = os.getloadavg()
         for n in streams:
             prompts = [[163584] + [1000 * (k + 1) + 37 * j for j in range(7)] for k in range(n)]
             b0 = metric(url, "k3_expert_bytes_read_total") + metric(url, "k3_trunk_bytes_streamed_total")

@@ -192,7 +192,8 @@ static const cli_flag FLAGS[] = {
     {"no-special", NULL, CLI_SWITCH, OFF(no_special), 1, 0, NULL, NULL, NULL},
     {"doctor", NULL, CLI_SWITCH, OFF(doctor), 1, 0, NULL, NULL,
      "`k3 --doctor [MODEL_DIR] [--json FILE]`: checks this machine (SIMD, NUMA, memory, /dev/shm, limits, the "
-     "model's file system and read rate) and recommends `--mem-gb`, `--workers`, `--threads` with an s/token estimate"},
+     "model's file system and read rate) and recommends `--mem-gb`, `--workers`, `--threads` with an s/token estimate "
+     "(at `--mem-gb X` when given)"},
     {"verify", NULL, CLI_SWITCH, OFF(verify), 1, 0, NULL, NULL,
      "`k3 --verify MODEL_DIR [--sha256] [--expect FILE] [--json FILE]`: reads every byte once and checks headers, "
      "index, dtypes/shapes, MXFP4 scale bytes and float values; `--sha256` prints each shard's digest, `--expect` "
@@ -303,7 +304,7 @@ int cli_parse(int argc, char **argv, options *o) {
     }
     if (o->doctor || o->verify) { /* operator tools (doctor.h, verify.h) */
         if ((o->doctor && o->verify) || optind < argc - 1 || (o->verify && optind != argc - 1) || ((o->sha256 || o->expect_path) && !o->verify)) {
-            fprintf(stderr, "k3: the tools are: k3 --doctor [MODEL_DIR] [--json FILE] | k3 --verify MODEL_DIR [--sha256] [--expect FILE] [--json FILE]\n");
+            fprintf(stderr, "k3: the tools are: k3 --doctor [MODEL_DIR] [--mem-gb X] [--json FILE] | k3 --verify MODEL_DIR [--sha256] [--expect FILE] [--json FILE]\n");
             return -1;
         }
         o->model_dir = optind < argc ? argv[optind] : NULL;
@@ -344,7 +345,7 @@ static const char SYNOPSIS[] =
     "bin/k3 MODEL_DIR --serve [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--parallel N] [--max-queue N] [options]\n"
     "bin/k3 MODEL_DIR --plan-only [--mem-gb X | --preset NAME] [--max-context N]\n"
     "bin/k3 --tok DIR (--encode FILE | --decode FILE) [--no-special]\n"
-    "bin/k3 --doctor [MODEL_DIR] [--json FILE]\n"
+    "bin/k3 --doctor [MODEL_DIR] [--mem-gb X] [--json FILE]\n"
     "bin/k3 --verify MODEL_DIR [--sha256] [--expect FILE] [--json FILE]\n";
 
 /* A README row / usage entry: flag i and the following flags whose help is NULL. */

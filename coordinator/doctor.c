@@ -474,7 +474,11 @@ int doctor_run(const doctor_options *o) {
             if (rv.rlim_cur != RLIM_INFINITY && rv.rlim_cur < want + (uint64_t)(1 + workers) * (1ull << 30))
                 problem(&pl, "ulimit -v (%.1f GiB) leaves no room for a %.1f GiB budget plus code and thread stacks. Fix: ulimit -v unlimited",
                         rv.rlim_cur / GIB, gb);
-            uint64_t budget = (uint64_t)(gb * GIB);
+            double est_gb = o->mem_gb > 0 ? o->mem_gb : gb; /* --mem-gb given: the estimate at that budget */
+            uint64_t budget = (uint64_t)(est_gb * GIB);
+            if (budget < all.floor)
+                problem(&pl, "--mem-gb %.2f is below the floor of this model (%.2f GiB): k3 would refuse it. Fix: a budget of at least %.2f GiB", est_gb,
+                        all.floor / GIB, ceil(all.floor / GIB * 100) / 100);
             if (budget >= all.floor && plan_make(&pick, &cfg, NULL, budget, workers, chunk, ctx, &pe) == 0) {
                 /* bytes per token: the unpinned trunk streams from disk every token; experts hit the cache in the
                  * proportion it holds of all experts (uniform routing: a cautious assumption, real routing reuses more) */
@@ -487,11 +491,12 @@ int doctor_run(const doctor_options *o) {
                 double experts_tok = (double)moe_layers * cfg.num_experts_per_token;
                 double expert_bytes = experts_tok * (double)pick.expert_slot_bytes;
                 double disk = (double)trunk_disk + expert_bytes * (1 - hit), mem = (double)pick.pinned_bytes + expert_bytes * hit;
-                printf("\nExpected speed at --mem-gb %.2f (bytes per token from the plan)\n", gb);
+                printf("\nExpected speed at --mem-gb %.2f%s (bytes per token from the plan)\n", est_gb, o->mem_gb > 0 ? " (given)" : "");
                 printf("  trunk: %.2f GB pinned (read from memory), %.2f GB streamed from disk per token\n", pick.pinned_bytes / 1e9, trunk_disk / 1e9);
                 printf("  experts: %.0f per token x %.1f MB = %.2f GB; the caches hold %.1f%% of all experts -> %.2f GB from disk (uniform routing assumed)\n",
                        experts_tok, pick.expert_slot_bytes / 1e6, expert_bytes / 1e9, 100 * hit, expert_bytes * (1 - hit) / 1e9);
                 json_t *je = json_object();
+                json_object_set_new(je, "mem_gb", json_real(est_gb));
                 json_object_set_new(je, "disk_bytes_per_token", json_integer((json_int_t)disk));
                 json_object_set_new(je, "memory_bytes_per_token", json_integer((json_int_t)mem));
                 json_object_set_new(je, "expert_cache_fraction", json_real(hit));

@@ -385,7 +385,7 @@ int main(int argc, char **argv) {
     if (o.encode_file || o.decode_file) return tokenize_command(o.tok_dir, o.encode_file, o.decode_file, o.no_special);
     if (o.list_presets) { list_presets(); return EXIT_OK; }
     if (o.verify) return verify_run(&(verify_options){o.model_dir, o.sha256, o.expect_path, o.json_path, (int)o.threads, 0});
-    if (o.doctor) return doctor_run(&(doctor_options){o.model_dir, o.json_path, o.chunk});
+    if (o.doctor) return doctor_run(&(doctor_options){o.model_dir, o.json_path, o.chunk, o.mem_gb});
     if (o.plan_only) return plan_only(&o);
     /* Idle OpenMP threads must sleep, not spin: with expert servers the
      * coordinator's cores sit idle while they compute, and on a shared machine a

@@ -37,4 +37,6 @@ print("verify %-9s %.2f GB in %.1f s = %.2f GB/s (%s, %d threads)%s; ok=%s" % (
     (", %.0f%% of the device" % (100 * r / dev)) if dev else "", j["ok"]))
 PY
 done
+echo "doctor on $M:"
+"$K3_BIN" --doctor "$M" 2>/dev/null | grep -E "sequential read|DRAM read|--mem-gb|trunk:|experts:|expected:" | sed 's/^ */  /'
 echo "load after: $(cut -d' ' -f1-3 /proc/loadavg)"

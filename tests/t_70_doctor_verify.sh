@@ -149,6 +149,9 @@ assert j["model"]["shards"] == 3 and "seconds_per_token" in j["expected"], j
 assert isinstance(j["problems"], list)
 EOF
 n=$((n+1))
+"$K3_BIN" --doctor "$MODEL" --mem-gb 0.001 >"$T/doc" 2>"$T/err"; rc=$?
+[ "$rc" -eq 0 ] && grep -q "PROBLEM: --mem-gb 0.00 is below the floor" "$T/doc" || bad "--doctor --mem-gb below the floor: exit $rc: $(tail -3 "$T/doc")"
+n=$((n+1))
 "$K3_BIN" --doctor configs/kimi-k3 >"$T/doc" 2>"$T/err" && grep -q "floor is" "$T/doc" || bad "--doctor configs/kimi-k3: $(cat "$T/doc" "$T/err" | tail -5)"
 
 echo "t_70: $((n-fail))/$n checks passed"

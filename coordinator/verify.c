@@ -288,6 +288,7 @@ static void scan_values(st_dtype dt, int is_scale, const uint8_t *p, uint64_t e0
         for (uint64_t b = 0; b < n; b += BLK) {
             uint64_t end = b + BLK < n ? b + BLK : n;
             int any = 0;
+#pragma omp simd reduction(| : any) /* a vectorised screen; the exact pass below runs only on a hit */
             for (uint64_t j = b; j < end; j++) { uint16_t u; memcpy(&u, p + 2 * j, 2); any |= (u & m) == m; }
             if (!any) continue;
             for (uint64_t j = b; j < end; j++) {
@@ -302,6 +303,7 @@ static void scan_values(st_dtype dt, int is_scale, const uint8_t *p, uint64_t e0
         for (uint64_t b = 0; b < n; b += BLK) {
             uint64_t end = b + BLK < n ? b + BLK : n;
             int any = 0;
+#pragma omp simd reduction(| : any) /* a vectorised screen; the exact pass below runs only on a hit */
             for (uint64_t j = b; j < end; j++) { uint32_t u; memcpy(&u, p + 4 * j, 4); any |= (u & 0x7f800000u) == 0x7f800000u; }
             if (!any) continue;
             for (uint64_t j = b; j < end; j++) {

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Part of `make asan`: the sanitizer-built engine runs the committed models
-# (incremental and full recompute) and must agree with the normal build's ids.
+# (incremental and full recompute) and must agree with the normal build's ids;
+# --verify --sha256 on each and --doctor run clean.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 K3_BIN="${K3_BIN:-bin-asan/k3}"
@@ -16,5 +17,8 @@ for m in tests/models/*/; do
     got=$("$K3_BIN" "$m" --ids "$ids" --gen 8 --threads 2 $mode)
     if [ "$got" != "$want" ]; then echo "asan gate $name $mode: got '$got' want '$want'"; exit 1; fi
   done
+  "$K3_BIN" --verify "$m" --sha256 >/dev/null 2>&1 || { echo "asan gate $name: --verify --sha256 failed"; exit 1; }
   echo "asan gate $name ok"
 done
+"$K3_BIN" --doctor tests/models/m13 >/dev/null 2>&1 || { echo "asan gate: --doctor failed"; exit 1; }
+echo "asan gate --doctor ok"

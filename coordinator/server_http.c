@@ -880,8 +880,15 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         cc->route = route_of(url, method, &mok);
         if (cc->route == R_NONE) return send_error(sv, R_NONE, c, 404, "unknown path", NULL);
         if (!mok) return send_error(sv, cc->route, c, 405, "method not allowed on this path", NULL);
+        /* refused before reading a byte of the body */
+        if (cc->route != R_PAGE && cc->route != R_HEALTH && !authorized(sv, c))
+            return send_error(sv, cc->route, c, 401, "missing or wrong API key (Authorization: Bearer KEY)", NULL);
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
-        if (cl && strtoull(cl, NULL, 10) > sv->cfg.body_limit) cc->too_big = 1;
+        if (cl && strtoull(cl, NULL, 10) > sv->cfg.body_limit) {
+            char m[96];
+            snprintf(m, sizeof m, "the request body is larger than %zu bytes", sv->cfg.body_limit);
+            return send_error(sv, cc->route, c, 413, m, NULL);
+        }
         return MHD_YES;
     }
     if (*upload_size) {
@@ -914,7 +921,6 @@ static enum MHD_Result handler(void *cls, struct MHD_Connection *c, const char *
         json_object_set_new(o, "status", json_string(sv->stopping ? "stopping" : "ok"));
         return send_json(sv, route, c, sv->stopping ? 503 : 200, o);
     }
-    if (!authorized(sv, c)) return send_error(sv, route, c, 401, "missing or wrong API key (Authorization: Bearer KEY)", NULL);
     const char *body = cc->body ? cc->body : "";
     switch (route) {
     case R_MODELS: return send_json(sv, route, c, 200, models_json(sv));

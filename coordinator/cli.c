@@ -140,6 +140,8 @@ static const cli_flag FLAGS[] = {
      "serve: sequences decoded together, one forward step for all (at most `--chunk`)"},
     {"max-queue", "N", CLI_LONG, OFF(max_queue), 1, 100000, NULL, "64",
      "serve: requests waiting for a slot; beyond that 429 with Retry-After"},
+    {"http-timeout", "S", CLI_LONG, OFF(http_timeout), 1, 86400, NULL, "60",
+     "serve: seconds a client may stay idle or take to send its request (none while it waits for tokens)"},
     {"snapshot-mb", "MB", CLI_LONG, OFF(snapshot_mb), 0, 1L << 20, NULL, "512",
      "serve: prefix snapshots kept in memory, so a conversation's next request skips what was computed (0 = off)"},
     {"json", "FILE", CLI_STR, OFF(json_path), 0, 0, NULL, NULL,

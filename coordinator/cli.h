@@ -51,7 +51,7 @@ typedef struct {
     /* --serve (server_http.h) */
     int serve;
     const char *host, *api_key;
-    long port, parallel, max_queue, snapshot_mb;
+    long port, parallel, max_queue, snapshot_mb, http_timeout;
 } options;
 
 int cli_parse(int argc, char **argv, options *o);

@@ -485,6 +485,7 @@ int main(int argc, char **argv) {
         sc.thinking = o.thinking;
         sc.tmpl = o.tmpl;
         sc.snapshot_bytes = (uint64_t)o.snapshot_mb << 20;
+        sc.timeout_s = (unsigned)o.http_timeout;
         sc.engine_stats = engine_stats;
         sc.engine_stats_ctx = &ri;
         status = server_run(&en, tok, &sc, &err);

@@ -174,6 +174,7 @@ typedef struct {
     char *out;
     size_t on, ocap, ooff;
     int observed;
+    unsigned quiet;           /* 100 ms waits without output */
 } gen_ctx;
 
 static int client_gone(int fd) {
@@ -575,6 +576,8 @@ static ssize_t stream_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         if (client_gone(g->fd)) return MHD_CONTENT_READER_END_WITH_ERROR;
         advance(g, 100);
         if (stream_events(g)) return MHD_CONTENT_READER_END_WITH_ERROR;
+        if (g->on > g->ooff) g->quiet = 0;
+        else if (++g->quiet >= 150 && out_add(g, ": keep-alive\n\n", 14) == 0) g->quiet = 0; /* ~15 s */
     }
 }
 
@@ -629,6 +632,9 @@ static enum MHD_Result generate(server *sv, int route, struct MHD_Connection *c,
         if (rc == SCHED_EFULL) return send_error(sv, route, c, 429, "the request queue is full; retry later", NULL);
         return send_error(sv, route, c, 503, "the server is shutting down", NULL);
     }
+    /* the client waits on the engine from here on: no idle timeout (the slow-client limit applied
+     * while it sent its request); streams carry a comment line when no token came for a while */
+    MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned int)0);
     if (g->ar.stream) {
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, stream_reader, g, stream_free);
         if (!resp) {

@@ -186,8 +186,12 @@ else
 fi
 
 # ---- a full queue answers 429 ----
-start q --workers 0 --parallel 1 --max-queue 1
+start q --workers 0 --parallel 1 --max-queue 1 --http-timeout 1
 QURL=$URL
+# the idle timeout (1 s) does not cut a client that waits longer than that for its tokens
+$PY -c "import json; print(json.dumps({'prompt': list(range(1, 301)) * 5, 'max_tokens': 3, 'stream': True}))" > "$T/long.json"
+curl -sN "$QURL/v1/completions" "${json[@]}" --data-binary @"$T/long.json" > "$T/long.sse"
+tail -c 14 "$T/long.sse" | grep -q 'data: \[DONE\]' || fail "a stream waiting longer than --http-timeout was cut"
 for i in 1 2 3; do
   curl -s -o /dev/null -w '%{http_code}\n' -D "$T/q$i.h" "$QURL/v1/completions" "${json[@]}" -d '{"prompt":"x","max_tokens":400}' > "$T/q$i.code" &
 done

@@ -48,6 +48,8 @@ def one(url, k, prompt, gen, out):
         buf += c
         while b"\n\n" in buf:
             ev, buf = buf.split(b"\n\n", 1)
+            if not ev.startswith(b"data: "):
+                continue  # an SSE comment (keep-alive)
             d = ev[6:]
             if d == b"[DONE]":
                 continue

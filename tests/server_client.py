@@ -27,6 +27,8 @@ def post(url, key, path, body, stream=False, timeout=120):
         buf += chunk
         while b"\n\n" in buf:
             ev, buf = buf.split(b"\n\n", 1)
+            if ev.startswith(b":"):
+                continue  # SSE comment (keep-alive)
             assert ev.startswith(b"data: "), ev
             events.append(ev[6:].decode())
     return events

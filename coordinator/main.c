@@ -442,7 +442,7 @@ int main(int argc, char **argv) {
     r.tf_pred = malloc(n * sizeof *r.tf_pred);
     status = EXIT_RUNTIME;
     if (!r.seq || !r.tf_pred) { fprintf(stderr, "k3: out of memory\n"); goto done; }
-    memcpy(r.seq, prompt, n * sizeof *prompt);
+    if (n) memcpy(r.seq, prompt, n * sizeof *prompt); /* --chat, --serve: no prompt */
     uint64_t budget;
     status = EXIT_USAGE;
     if (budget_bytes(&o, &budget)) goto done;

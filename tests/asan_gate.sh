@@ -22,3 +22,20 @@ for m in tests/models/*/; do
 done
 "$K3_BIN" --doctor tests/models/m13 >/dev/null 2>&1 || { echo "asan gate: --doctor failed"; exit 1; }
 echo "asan gate --doctor ok"
+# --serve: a whole and a streamed chat, a completion, a refusal, a dropped stream, then SIGTERM
+# must exit 0 (LeakSanitizer runs at exit: a leak changes the status)
+serr=$(mktemp)
+"$K3_BIN" tests/models/m13 --serve --port 0 --workers 1 --parallel 2 2>"$serr" >/dev/null &
+spid=$!
+for _ in $(seq 1 300); do grep -q 'serving on' "$serr" && break; sleep 0.1; done
+url=$(sed -n 's/.*serving on \(http:[^ ]*\).*/\1/p' "$serr")
+[ -n "$url" ] || { cat "$serr"; echo "asan gate: --serve did not start"; exit 1; }
+curl -sf "$url/v1/chat/completions" -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"logprobs":true,"top_logprobs":2}' >/dev/null
+curl -sfN "$url/v1/chat/completions" -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"stream":true,"tools":[{"type":"function","function":{"name":"f"}}]}' | grep -q 'data: \[DONE\]'
+curl -sf "$url/v1/completions" -d '{"prompt":[1,2,3],"max_tokens":4,"stop":["a"]}' >/dev/null
+[ "$(curl -s -o /dev/null -w '%{http_code}' "$url/v1/completions" -d '{"prompt":[1,99999]}')" = 400 ]
+curl -sN -m 1 "$url/v1/completions" -d '{"prompt":"x","max_tokens":2000,"stream":true}' >/dev/null || true
+kill -TERM "$spid"
+wait "$spid" || { cat "$serr"; echo "asan gate: --serve did not exit 0 after SIGTERM"; exit 1; }
+rm -f "$serr"
+echo "asan gate --serve ok"

@@ -32,6 +32,8 @@ typedef struct {
     dense_dtype dtype;
     size_t rows, cols;
     const void *data;
+    int unit, slot;   /* trunk matrices: place in the trunk walk (unit, index in it), set once at
+                       * trunk creation; layer code asks the trunk pass for a weight by this place */
 } dense_weight;
 
 /* A packed MXFP4 weight: logical [rows][cols], cols % 32 == 0.

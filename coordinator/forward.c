@@ -42,84 +42,170 @@ static void mix_chunk(float *const *blocks, int nb, const float *P, size_t first
     }
 }
 
-int forward_chunk(engine *en, seq_state *st, const int32_t *tokens, size_t T, size_t logits_from, float *logits,
-                  k3_error *err) {
+typedef struct {
+    float *P, *h, *xn, *a, *lm;
+    float *blocks[64];
+    int32_t *trace;
+    fwd_segment *seg;
+} fwd_bufs;
+
+static int fwd_layout(scratch *sc, const k3_config *c, size_t R, size_t max_seqs, size_t lm_rows, fwd_bufs *B) {
+    size_t E = (size_t)c->hidden_size, f = sizeof(float), re = R * E * f;
+    int maxb = config_max_blocks(c), ok = 1;
+    B->P = scratch_take(sc, re);
+    B->h = scratch_take(sc, re);
+    B->xn = scratch_take(sc, re);
+    B->a = scratch_take(sc, re);
+    B->lm = scratch_take(sc, R * lm_rows * f);
+    for (int b = 0; b < maxb && b < 64; b++) ok &= (B->blocks[b] = scratch_take(sc, re)) != NULL;
+    B->trace = scratch_take(sc, R * (size_t)c->num_experts_per_token * sizeof(int32_t));
+    B->seg = scratch_take(sc, max_seqs * sizeof(fwd_segment));
+    return ok && B->P && B->h && B->xn && B->a && B->lm && B->trace && B->seg ? 0 : -1;
+}
+
+static size_t layers_scratch_bytes(const k3_config *c, size_t R, size_t max_ctx, int nthreads) {
+    size_t mx = mlp_scratch_bytes(c, R), b;
+    if ((b = moe_scratch_bytes(c, R)) > mx) mx = b;
+    if ((b = kda_scratch_bytes(c, R, nthreads)) > mx) mx = b;
+    if ((b = mla_scratch_bytes(c, R, nthreads, max_ctx)) > mx) mx = b;
+    return mx;
+}
+
+size_t forward_scratch_bytes(const k3_config *c, size_t max_rows, size_t max_ctx, int nthreads, size_t lm_chunk_rows) {
+    scratch s = {0};
+    fwd_bufs B;
+    if (lm_chunk_rows == 0 || lm_chunk_rows > (size_t)c->vocab_size) lm_chunk_rows = (size_t)c->vocab_size;
+    fwd_layout(&s, c, max_rows, max_rows, lm_chunk_rows, &B);
+    return s.used + layers_scratch_bytes(c, max_rows, max_ctx, nthreads) + 64;
+}
+
+int engine_init(engine *en, size_t max_rows, size_t max_ctx, int nthreads, k3_error *err) {
+    const k3_config *c = &en->model->cfg;
+    if (max_rows == 0) max_rows = 1;
+    if (nthreads < 1) nthreads = 1;
+    if (config_max_blocks(c) + 1 > 64) return k3_fail(err, "%d AttnRes blocks: more than this build supports (63)", config_max_blocks(c));
+    en->max_rows = max_rows;
+    en->max_ctx = max_ctx;
+    en->nthreads = nthreads;
+    size_t bytes = forward_scratch_bytes(c, max_rows, max_ctx, nthreads, trunk_lm_chunk_rows(en->trunk));
+    void *p = NULL;
+    if (posix_memalign(&p, 64, bytes)) return k3_fail(err, "cannot allocate the %zu-byte scratch arena", bytes);
+    en->arena = (scratch){p, bytes, 0};
+    return 0;
+}
+
+void engine_free(engine *en) {
+    free(en->arena.base);
+    en->arena = (scratch){0};
+}
+
+static int forward_walk(engine *en, trunk_pass *tp, forward_seq *seqs, size_t n_seqs, k3_error *err) {
     k3_model *m = en->model;
     const k3_config *c = &m->cfg;
     const kernels *k = en->k;
-    size_t E = (size_t)c->hidden_size;
-    int maxb = config_max_blocks(c);
-    if (maxb + 1 > 64) return k3_fail(err, "%d AttnRes blocks: more than this build supports (63)", maxb);
-    if (T == 0) return 0;
-    for (size_t t = 0; t < T; t++)
-        if (tokens[t] < 0 || tokens[t] >= c->vocab_size)
-            return k3_fail(err, "token id %d is outside the vocabulary [0, %d)", tokens[t], c->vocab_size);
-    if (seq_state_reserve(st, c, st->pos + T, err)) return -1;
-
-    int rc = -1, nb = 0, p_valid = 1;
-    float *blocks[64] = {0};
-    float *P = malloc(T * E * sizeof *P), *h = malloc(T * E * sizeof *h), *xn = malloc(T * E * sizeof *xn),
-          *a = malloc(T * E * sizeof *a);
-    int32_t *trace = en->on_route ? malloc(T * (size_t)c->num_experts_per_token * sizeof *trace) : NULL;
-    if (!P || !h || !xn || !a || (en->on_route && !trace)) { k3_fail(err, "out of memory in forward"); goto out; }
-    for (int b = 0; b < maxb; b++)
-        if (!(blocks[b] = malloc(T * E * sizeof(float)))) { k3_fail(err, "out of memory in forward"); goto out; }
-
-    for (size_t t = 0; t < T; t++) /* embedding rows, read on demand */
-        if (trunk_embed_row(en->trunk, tokens[t], P + t * E, err)) goto out;
-
+    size_t E = (size_t)c->hidden_size, V = (size_t)c->vocab_size, K = (size_t)c->num_experts_per_token;
+    size_t R = 0;
+    for (size_t i = 0; i < n_seqs; i++) {
+        if (seqs[i].n == 0) return k3_fail(err, "forward: sequence %zu of the batch has no tokens", i);
+        for (size_t t = 0; t < seqs[i].n; t++)
+            if (seqs[i].tokens[t] < 0 || seqs[i].tokens[t] >= c->vocab_size)
+                return k3_fail(err, "token id %d is outside the vocabulary [0, %d)", seqs[i].tokens[t], c->vocab_size);
+        if (seqs[i].st->pos + seqs[i].n > en->max_ctx)
+            return k3_fail(err, "the sequence would reach %zu positions, past the engine's context of %zu",
+                           seqs[i].st->pos + seqs[i].n, en->max_ctx);
+        R += seqs[i].n;
+    }
+    if (R > en->max_rows)
+        return k3_fail(err, "a forward call of %zu rows exceeds the engine's %zu (split it)", R, en->max_rows);
+    scratch *sc = &en->arena;
+    fwd_bufs B;
+    if (fwd_layout(sc, c, R, n_seqs, trunk_lm_chunk_rows(en->trunk), &B))
+        return k3_fail(err, "forward scratch exceeds the engine's arena (%zu rows, %zu sequences)", R, n_seqs);
+    float *P = B.P, *h = B.h, *xn = B.xn, *a = B.a;
+    float *const *blocks = B.blocks;
+    int32_t *trace = en->on_route ? B.trace : NULL;
+    fwd_segment *sg = B.seg;
+    for (size_t i = 0, row = 0; i < n_seqs; i++) {
+        if (seq_state_reserve(seqs[i].st, c, seqs[i].st->pos + seqs[i].n, err)) return -1;
+        sg[i] = (fwd_segment){seqs[i].st, row, seqs[i].n, seqs[i].st->pos};
+        for (size_t t = 0; t < seqs[i].n; t++) /* embedding rows, read on demand */
+            if (trunk_embed_row(en->trunk, seqs[i].tokens[t], P + (row + t) * E, err)) return -1;
+        row += seqs[i].n;
+    }
+    int nb = 0, p_valid = 1;
     for (int l = 0; l < c->num_hidden_layers; l++) {
         const layer_weights *lw = &m->layers[l];
-        if (nb == 0) memcpy(h, P, T * E * sizeof *h);
-        else mix_chunk(blocks, nb, P, 0, T, E, lw->attn_res_w, c->rms_norm_eps, h);
+        if (nb == 0) memcpy(h, P, R * E * sizeof *h);
+        else mix_chunk(blocks, nb, P, 0, R, E, lw->attn_res_w, c->rms_norm_eps, h);
         if (l % c->attn_res_block_size == 0) { /* push, then clear */
-            memcpy(blocks[nb++], P, T * E * sizeof *P);
+            memcpy(blocks[nb++], P, R * E * sizeof *P);
             p_valid = 0;
         }
-        for (size_t t = 0; t < T; t++) rmsnorm(xn + t * E, h + t * E, lw->input_norm, E, c->rms_norm_eps);
-        int bad = lw->is_mla ? mla_forward(en->trunk, k, c, &lw->mla, &st->mla[l], st->pos, xn, T, a, err)
-                             : kda_forward(en->trunk, k, c, &lw->kda, &st->kda[l], xn, T, a, err);
-        trunk_release_current(en->trunk);
-        if (bad) goto out;
-        if (p_valid) for (size_t i = 0; i < T * E; i++) P[i] += a[i];
-        else memcpy(P, a, T * E * sizeof *P);
+        for (size_t t = 0; t < R; t++) rmsnorm(xn + t * E, h + t * E, lw->input_norm, E, c->rms_norm_eps);
+        int bad = lw->is_mla ? mla_forward(tp, k, c, &lw->mla, l, sg, n_seqs, xn, R, a, sc, en->nthreads, en->max_ctx, err)
+                             : kda_forward(tp, k, c, &lw->kda, l, sg, n_seqs, xn, R, a, sc, en->nthreads, err);
+        trunk_release_current(tp);
+        if (bad) return -1;
+        if (p_valid) for (size_t i = 0; i < R * E; i++) P[i] += a[i];
+        else memcpy(P, a, R * E * sizeof *P);
         p_valid = 1;
-        mix_chunk(blocks, nb, P, 0, T, E, lw->mlp_res_w, c->rms_norm_eps, h);
-        for (size_t t = 0; t < T; t++) rmsnorm(xn + t * E, h + t * E, lw->post_norm, E, c->rms_norm_eps);
-        bad = lw->is_moe ? moe_forward(en->trunk, k, c, &lw->moe, l, en->experts, xn, T, a, trace, err)
-                         : mlp_forward(en->trunk, k, c, &lw->mlp, xn, T, a, err);
-        trunk_release_current(en->trunk);
-        if (bad) goto out;
+        mix_chunk(blocks, nb, P, 0, R, E, lw->mlp_res_w, c->rms_norm_eps, h);
+        for (size_t t = 0; t < R; t++) rmsnorm(xn + t * E, h + t * E, lw->post_norm, E, c->rms_norm_eps);
+        bad = lw->is_moe ? moe_forward(tp, k, c, &lw->moe, l, en->experts, xn, R, a, trace, sc, err)
+                         : mlp_forward(tp, k, c, &lw->mlp, xn, R, a, sc, err);
+        trunk_release_current(tp);
+        if (bad) return -1;
         if (trace && lw->is_moe)
-            for (size_t t = 0; t < T; t++)
-                en->on_route(en->on_route_ctx, l, st->pos + t, trace + t * (size_t)c->num_experts_per_token,
-                             c->num_experts_per_token);
-        for (size_t i = 0; i < T * E; i++) P[i] += a[i];
+            for (size_t i = 0; i < n_seqs; i++)
+                for (size_t t = 0; t < sg[i].n; t++)
+                    en->on_route(en->on_route_ctx, l, sg[i].pos + t, trace + (sg[i].row0 + t) * K, (int)K);
+        for (size_t i = 0; i < R * E; i++) P[i] += a[i];
     }
-    size_t n = logits && logits_from < T ? T - logits_from : 0;
-    if (n) {
-        mix_chunk(blocks, nb, P, logits_from, T, E, m->out_res_w, c->rms_norm_eps, h);
-        for (size_t t = 0; t < n; t++) rmsnorm(xn + t * E, h + t * E, m->final_norm, E, c->rms_norm_eps);
+    /* rows that want logits, packed: the final mix and norm only for them */
+    size_t n = 0;
+    for (size_t i = 0; i < n_seqs; i++) {
+        if (!seqs[i].logits || seqs[i].logits_from >= seqs[i].n) continue;
+        size_t first = sg[i].row0 + seqs[i].logits_from, cnt = seqs[i].n - seqs[i].logits_from;
+        mix_chunk(blocks, nb, P, first, first + cnt, E, m->out_res_w, c->rms_norm_eps, h + n * E);
+        n += cnt;
     }
+    for (size_t t = 0; t < n; t++) rmsnorm(xn + t * E, h + t * E, m->final_norm, E, c->rms_norm_eps);
     /* the lm head in row chunks; walked even when no logits are wanted, so the
      * trunk reader's fixed order holds */
     for (int ch = 0; ch < trunk_lm_chunks(en->trunk); ch++) {
         dense_weight w;
         size_t row0;
-        if (trunk_acquire_lm(en->trunk, ch, &w, &row0, err)) goto out;
+        if (trunk_acquire_lm(tp, ch, &w, &row0, err)) return -1;
         if (n) {
-            float *part = malloc(n * w.rows * sizeof *part);
-            if (!part) { trunk_release_lm(en->trunk, ch); k3_fail(err, "out of memory in the lm head"); goto out; }
-            matmul_dense(k, &w, xn, n, part);
-            for (size_t t = 0; t < n; t++) memcpy(logits + t * (size_t)c->vocab_size + row0, part + t * w.rows, w.rows * sizeof *part);
-            free(part);
+            matmul_dense(k, &w, xn, n, B.lm);
+            size_t r = 0;
+            for (size_t i = 0; i < n_seqs; i++) {
+                if (!seqs[i].logits || seqs[i].logits_from >= seqs[i].n) continue;
+                for (size_t t = 0; t < seqs[i].n - seqs[i].logits_from; t++, r++)
+                    memcpy(seqs[i].logits + t * V + row0, B.lm + r * w.rows, w.rows * sizeof *B.lm);
+            }
         }
-        trunk_release_lm(en->trunk, ch);
+        trunk_release_lm(tp, ch);
     }
-    st->pos += T;
-    rc = 0;
-out:
-    for (int b = 0; b < maxb; b++) free(blocks[b]);
-    free(P); free(h); free(xn); free(a); free(trace);
+    for (size_t i = 0; i < n_seqs; i++) seqs[i].st->pos += seqs[i].n;
+    return 0;
+}
+
+int forward_batch(engine *en, forward_seq *seqs, size_t n_seqs, k3_error *err) {
+    if (n_seqs == 0) return 0;
+    if (!en->arena.base) return k3_fail(err, "forward: the engine was not initialised (engine_init)");
+    trunk_pass tp;
+    trunk_pass_begin(en->trunk, &tp);
+    size_t mark = en->arena.used;
+    int rc = forward_walk(en, &tp, seqs, n_seqs, err);
+    en->arena.used = mark;
+    trunk_pass_end(&tp, rc != 0);
     return rc;
+}
+
+int forward_chunk(engine *en, seq_state *st, const int32_t *tokens, size_t T, size_t logits_from, float *logits,
+                  k3_error *err) {
+    if (T == 0) return 0;
+    forward_seq s = {st, tokens, T, logits_from, logits};
+    return forward_batch(en, &s, 1, err);
 }

@@ -1,15 +1,27 @@
-/* forward.h - one forward pass over a chunk of tokens (K3-MODEL.md 4.5).
+/* forward.h - one forward pass over a batch of sequences (docs/MODEL.md; K3-MODEL.md 4.5).
  *
- * forward_chunk consumes T tokens at positions st->pos.., advances st->pos by T
- * and writes the logits of chunk positions logits_from..T-1 into
- * logits[(t - logits_from) * vocab]. Bits of every position's logits are the
- * same whether the sequence is fed as one chunk, token by token, or recomputed
- * from scratch. The AttnRes block stack lives within the call only. */
+ * forward_batch feeds each sequence i its n tokens at positions st->pos.., advances
+ * its st->pos by n, and writes the logits of its rows logits_from..n-1 into
+ * logits[(t - logits_from) * vocab]. The trunk is walked once and each routed
+ * expert asked for once per call for the whole batch; each sequence keeps its own
+ * KDA/MLA state. The bits of every sequence's logits are the same whether it is
+ * fed alone or batched, as one chunk, token by token, or recomputed from scratch
+ * (the numerics contract: every dot product is per (row, token), threads split
+ * rows only). The AttnRes block stack lives within the call only.
+ *
+ * An engine is created once (engine_init) with the most rows one call may carry
+ * (max_rows: the sum of n over the batch), the most positions a sequence may reach
+ * (max_ctx) and its thread count; its scratch arena is allocated then, sized by
+ * forward_scratch_bytes, and no forward call allocates. A call over more rows or
+ * past max_ctx is refused. A failed call (a worker past its restart limit, a read
+ * error) abandons its trunk pass, so the next call starts clean; the states of the
+ * sequences in a failed call are undefined (callers reset or restore them). */
 #ifndef K3_FORWARD_H
 #define K3_FORWARD_H
 
 #include "coordinator/expert_backend.h"
 #include "coordinator/model.h"
+#include "coordinator/scratch.h"
 #include "coordinator/state.h"
 #include "coordinator/trunk.h"
 
@@ -21,8 +33,29 @@ typedef struct {
     /* optional: expert selection trace callback (layer, position, ids[top_k]) */
     void (*on_route)(void *ctx, int layer, size_t position, const int32_t *ids, int top_k);
     void *on_route_ctx;
+    /* set by engine_init */
+    size_t max_rows, max_ctx;
+    int nthreads;
+    scratch arena;
 } engine;
 
+typedef struct {
+    seq_state *st;          /* the sequence's own state; its tokens go at st->pos.. and st->pos advances by n */
+    const int32_t *tokens;  /* n >= 1 tokens to feed */
+    size_t n;
+    size_t logits_from;     /* logits wanted for rows logits_from..n-1 */
+    float *logits;          /* [(n - logits_from)][vocab], or NULL */
+} forward_seq;
+
+/* Bytes of the scratch arena for max_rows rows, max_ctx positions and nthreads threads. */
+size_t forward_scratch_bytes(const k3_config *c, size_t max_rows, size_t max_ctx, int nthreads, size_t lm_chunk_rows);
+
+/* Fills the engine's set-up fields and allocates its arena. en->model and en->trunk must be set. */
+int engine_init(engine *en, size_t max_rows, size_t max_ctx, int nthreads, k3_error *err);
+void engine_free(engine *en);
+
+int forward_batch(engine *en, forward_seq *seqs, size_t n_seqs, k3_error *err);
+/* One sequence: forward_batch of one. */
 int forward_chunk(engine *en, seq_state *st, const int32_t *tokens, size_t T, size_t logits_from, float *logits,
                   k3_error *err);
 

@@ -1,11 +1,222 @@
-/* generate.c - chunked prefill and arg-max (see generate.h). */
+/* generate.c - the one generation step (see generate.h). */
 #include "coordinator/generate.h"
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+double k3_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+int32_t argmax_logits(const float *logits, size_t n) {
+    int32_t best = -1;
+    for (size_t i = 0; i < n; i++) {
+        if (!isfinite(logits[i])) return -1;
+        if (best < 0 || logits[i] > logits[best]) best = (int32_t)i;
+    }
+    return best;
+}
+
+int gen_seq_init(gen_seq *g, const k3_config *c, const sampler_config *sc, const int32_t *stop_ids, size_t n_stop_ids,
+                 size_t cap_ids, k3_error *err) {
+    memset(g, 0, sizeof *g);
+    g->vocab = (size_t)c->vocab_size;
+    g->cap = cap_ids;
+    char se[256];
+    if (sampler_init(&g->smp, sc, se, sizeof se)) return k3_fail(err, "%s", se);
+    if (seq_state_init(&g->st, c, err)) { sampler_free(&g->smp); return -1; }
+    g->ids = malloc((cap_ids ? cap_ids : 1) * sizeof *g->ids);
+    g->row = malloc(g->vocab * sizeof *g->row);
+    g->stop_ids = malloc((n_stop_ids ? n_stop_ids : 1) * sizeof *g->stop_ids);
+    if (!g->ids || !g->row || !g->stop_ids) {
+        gen_seq_free(g);
+        return k3_fail(err, "out of memory for a sequence of %zu ids", cap_ids);
+    }
+    for (size_t i = 0; i < n_stop_ids; i++) {
+        if (stop_ids[i] < 0 || (size_t)stop_ids[i] >= g->vocab) {
+            gen_seq_free(g);
+            return k3_fail(err, "stop id %d is outside the vocabulary [0, %d)", stop_ids[i], c->vocab_size);
+        }
+        g->stop_ids[i] = stop_ids[i];
+    }
+    g->n_stop_ids = n_stop_ids;
+    return 0;
+}
+
+void gen_seq_free(gen_seq *g) {
+    seq_state_free(&g->st);
+    sampler_free(&g->smp);
+    free(g->ids);
+    free(g->row);
+    free(g->stop_ids);
+    free(g->rows);
+    memset(g, 0, sizeof *g);
+}
+
+void gen_seq_reset(gen_seq *g, const k3_config *c) {
+    seq_state_reset(&g->st, c);
+    sampler_reset(&g->smp);
+    g->n = 0;
+    g->feeding = 0;
+    g->rows_next = 0;
+}
+
+int gen_seq_push(gen_seq *g, const int32_t *ids, size_t n, k3_error *err) {
+    if (n > g->cap - g->n)
+        return k3_fail(err, "context full: %zu positions used, %zu more do not fit the context of %zu (--max-context)",
+                       g->n, n, g->cap);
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] < 0 || (size_t)ids[i] >= g->vocab)
+            return k3_fail(err, "token id %d is outside the vocabulary [0, %zu)", ids[i], g->vocab);
+    memcpy(g->ids + g->n, ids, n * sizeof *ids);
+    g->n += n;
+    return 0;
+}
+
+void gen_seq_truncate(gen_seq *g, size_t n) {
+    if (n >= g->st.pos && n < g->n) g->n = n;
+}
+
+int gen_seq_watch_rows(gen_seq *g, size_t from, size_t chunk, void (*on_row)(void *, size_t, const float *), void *ctx,
+                       k3_error *err) {
+    if (chunk == 0) chunk = 1;
+    float *r = realloc(g->rows, chunk * g->vocab * sizeof *r);
+    if (!r) return k3_fail(err, "out of memory for %zu rows of logits", chunk);
+    g->rows = r;
+    g->rows_cap = chunk;
+    g->rows_next = from;
+    g->on_row = on_row;
+    g->on_row_ctx = ctx;
+    return 0;
+}
+
+static int is_stop(const gen_seq *g, int32_t id) {
+    for (size_t i = 0; i < g->n_stop_ids; i++)
+        if (g->stop_ids[i] == id) return 1;
+    return 0;
+}
+
+/* Picks from g->row (the logits of position st.pos - 1) and appends the id as pending. */
+static void pick(gen_seq *g, gen_event *ev) {
+    size_t pos = g->st.pos - 1;
+    ev->pos = pos;
+    if (g->n >= g->cap) {
+        ev->status = GEN_CONTEXT_FULL;
+        snprintf(ev->why, sizeof ev->why, "context full: %zu positions (--max-context)", g->cap);
+        return;
+    }
+    int32_t id = sampler_pick(&g->smp, g->row, g->vocab);
+    if (id < 0) {
+        ev->status = -1;
+        if (id == SAMPLER_ENOMEM) snprintf(ev->why, sizeof ev->why, "out of memory in the sampler");
+        else snprintf(ev->why, sizeof ev->why, "non-finite logits at position %zu: refusing to emit a token", pos);
+        return;
+    }
+    g->ids[g->n++] = id;
+    g->feeding = 0;
+    ev->picked = 1;
+    ev->id = id;
+    ev->stop = is_stop(g, id);
+    if (g->on_token) g->on_token(g->on_token_ctx, id, ev->stop);
+}
+
+int gen_step_batch(engine *en, gen_seq *const *g, size_t n, size_t chunk, gen_event *ev, k3_error *err) {
+    forward_seq fs[GEN_MAX_BATCH];
+    size_t idx[GEN_MAX_BATCH], take[GEN_MAX_BATCH], nf = 0, budget = en->max_rows;
+    if (n > GEN_MAX_BATCH) return k3_fail(err, "a batch of %zu sequences: at most %d", n, GEN_MAX_BATCH);
+    if (chunk == 0) chunk = 1;
+    for (size_t i = 0; i < n; i++) {
+        memset(&ev[i], 0, sizeof ev[i]);
+        gen_seq *s = g[i];
+        if (s->full_recompute && !s->feeding && s->n > 0) seq_state_reset(&s->st, &en->model->cfg);
+        size_t p = gen_seq_pending(s);
+        if (p == 0 || budget == 0) continue;
+        size_t t = p < chunk ? p : chunk;
+        if (t > budget) t = budget;
+        if (s->on_row && t > s->rows_cap) t = s->rows_cap;
+        s->feeding = 1;
+        size_t pos0 = s->st.pos, from = t; /* no logits unless wanted */
+        float *dst = NULL;
+        if (s->on_row) {
+            size_t want = s->rows_next > pos0 ? s->rows_next - pos0 : 0;
+            if (t == p && want > t - 1) want = t - 1; /* the pick needs the last row */
+            if (want < t) { from = want; dst = s->rows; }
+        } else if (t == p) {
+            from = t - 1;
+            dst = s->row;
+        }
+        fs[nf] = (forward_seq){&s->st, s->ids + pos0, t, from, dst};
+        idx[nf] = i;
+        take[nf] = t;
+        nf++;
+        budget -= t;
+    }
+    if (forward_batch(en, fs, nf, err)) return -1;
+    for (size_t j = 0; j < nf; j++) {
+        gen_seq *s = g[idx[j]];
+        size_t t = take[j], pos0 = s->st.pos - t;
+        if (s->on_row && fs[j].logits) {
+            for (size_t r = fs[j].logits_from; r < t; r++)
+                if (pos0 + r >= s->rows_next) s->on_row(s->on_row_ctx, pos0 + r, s->rows + (r - fs[j].logits_from) * s->vocab);
+            if (pos0 + t > s->rows_next) s->rows_next = pos0 + t;
+            if (gen_seq_pending(s) == 0) memcpy(s->row, s->rows + (t - 1 - fs[j].logits_from) * s->vocab, s->vocab * sizeof *s->row);
+        }
+        if (gen_seq_pending(s) == 0) pick(s, &ev[idx[j]]);
+    }
+    return 0;
+}
+
+int gen_step(engine *en, gen_seq *g, size_t chunk, gen_event *ev, k3_error *err) {
+    gen_seq *one[1] = {g};
+    do {
+        if (gen_step_batch(en, one, 1, chunk, ev, err)) return -1;
+        if (ev->status) {
+            k3_fail(err, "%s", ev->why);
+            return ev->status;
+        }
+    } while (!ev->picked);
+    return 0;
+}
+
+int gen_feed(engine *en, gen_seq *g, size_t chunk, k3_error *err) {
+    if (g->full_recompute && !g->feeding && g->n > 0) seq_state_reset(&g->st, &en->model->cfg);
+    /* feed all but nothing is picked: run steps while more than the last chunk is pending,
+     * then the rest with its rows (if watched) */
+    while (gen_seq_pending(g) > 0) {
+        size_t p = gen_seq_pending(g), t = p < chunk ? p : chunk;
+        if (t > en->max_rows) t = en->max_rows;
+        if (g->on_row && t > g->rows_cap) t = g->rows_cap;
+        size_t pos0 = g->st.pos, from = t;
+        float *dst = NULL;
+        if (g->on_row) {
+            size_t want = g->rows_next > pos0 ? g->rows_next - pos0 : 0;
+            if (want < t) { from = want; dst = g->rows; }
+        } else if (t == p) {
+            from = t - 1;
+            dst = g->row;
+        }
+        g->feeding = 1;
+        if (forward_chunk(en, &g->st, g->ids + pos0, t, from, dst, err)) return -1;
+        if (dst == g->rows) {
+            for (size_t r = from; r < t; r++)
+                if (pos0 + r >= g->rows_next) g->on_row(g->on_row_ctx, pos0 + r, g->rows + (r - from) * g->vocab);
+            if (pos0 + t > g->rows_next) g->rows_next = pos0 + t;
+            if (t == p) memcpy(g->row, g->rows + (t - 1 - from) * g->vocab, g->vocab * sizeof *g->row);
+        }
+    }
+    g->feeding = 0;
+    return 0;
+}
 
 int feed_tokens(engine *en, seq_state *st, const int32_t *ids, size_t n, size_t chunk, size_t want_from, float *logits,
                 k3_error *err) {
     size_t V = (size_t)en->model->cfg.vocab_size;
     if (chunk == 0) chunk = 1;
+    if (chunk > en->max_rows) chunk = en->max_rows;
     for (size_t off = 0; off < n;) {
         size_t T = n - off < chunk ? n - off : chunk;
         size_t start = st->pos; /* absolute position of ids[off] */
@@ -16,13 +227,4 @@ int feed_tokens(engine *en, seq_state *st, const int32_t *ids, size_t n, size_t 
         off += T;
     }
     return 0;
-}
-
-int32_t argmax_logits(const float *logits, size_t n) {
-    int32_t best = -1;
-    for (size_t i = 0; i < n; i++) {
-        if (!isfinite(logits[i])) return -1;
-        if (best < 0 || logits[i] > logits[best]) best = (int32_t)i;
-    }
-    return best;
 }

@@ -7,15 +7,14 @@
 #include "common/activations.h"
 #include "coordinator/layers.h"
 #include <math.h>
-#include <stdlib.h>
+#include <omp.h>
 #include <string.h>
 
 /* Causal depthwise conv of width K, then SiLU, over T tokens; hist holds the
- * previous K-1 inputs ([K-1][P], oldest first) and is advanced past the chunk. */
-static int conv_silu(float *io, float *hist, const float *w, size_t T, size_t P, size_t K, k3_error *err) {
+ * previous K-1 inputs ([K-1][P], oldest first) and is advanced past the chunk.
+ * ext: room for (K-1+T)*P floats. */
+static void conv_silu(float *io, float *hist, const float *w, size_t T, size_t P, size_t K, float *ext) {
     size_t H1 = K - 1;
-    float *ext = malloc((H1 + T) * P * sizeof *ext);
-    if (!ext) return k3_fail(err, "out of memory in KDA conv");
     memcpy(ext, hist, H1 * P * sizeof *ext);
     memcpy(ext + H1 * P, io, T * P * sizeof *ext);
     for (size_t t = 0; t < T; t++)
@@ -25,8 +24,6 @@ static int conv_silu(float *io, float *hist, const float *w, size_t T, size_t P,
             io[t * P + c] = (float)(s * sigmoid_d(s));
         }
     memcpy(hist, ext + T * P, H1 * P * sizeof *ext);
-    free(ext);
-    return 0;
 }
 
 /* One head, one token: the delta-rule update and read. S is [D][D] (row = key dim). */
@@ -55,33 +52,66 @@ static void kda_head_step(float *S, const float *q, const float *kv, const float
     for (size_t m = 0; m < D; m++) o[m] = (float)oacc[m];
 }
 
-int kda_forward(trunk *tr, const kernels *k, const k3_config *c, const kda_weights *w, kda_state *st, const float *x, size_t T,
-                float *out, k3_error *err) {
+typedef struct {
+    float *q, *kk, *v, *fa, *z, *b, *gate, *o, *ext;
+    double *head; /* [nthreads][3D] */
+} kda_bufs;
+
+static int kda_layout(scratch *sc, const k3_config *c, size_t R, int nthreads, kda_bufs *B) {
     size_t H = (size_t)c->kda_num_heads, D = (size_t)c->kda_head_dim, P = H * D, K = (size_t)c->short_conv_kernel_size;
-    float *q = malloc(T * P * sizeof *q), *kk = malloc(T * P * sizeof *kk), *v = malloc(T * P * sizeof *v);
-    float *fa = malloc(T * D * sizeof *fa), *z = malloc(T * P * sizeof *z), *b = malloc(T * H * sizeof *b);
-    float *gate = malloc(T * P * sizeof *gate), *o = malloc(T * P * sizeof *o);
+    size_t f = sizeof(float);
+    B->q = scratch_take(sc, R * P * f);
+    B->kk = scratch_take(sc, R * P * f);
+    B->v = scratch_take(sc, R * P * f);
+    B->fa = scratch_take(sc, R * D * f);
+    B->z = scratch_take(sc, R * P * f);
+    B->b = scratch_take(sc, R * H * f);
+    B->gate = scratch_take(sc, R * P * f);
+    B->o = scratch_take(sc, R * P * f);
+    B->ext = scratch_take(sc, (K - 1 + R) * P * f);
+    B->head = scratch_take(sc, (size_t)nthreads * 3 * D * sizeof(double));
+    return B->q && B->kk && B->v && B->fa && B->z && B->b && B->gate && B->o && B->ext && B->head ? 0 : -1;
+}
+
+size_t kda_scratch_bytes(const k3_config *c, size_t R, int nthreads) {
+    scratch s = {0};
+    kda_bufs B;
+    kda_layout(&s, c, R, nthreads, &B);
+    return s.used;
+}
+
+int kda_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const kda_weights *w, int l, const fwd_segment *sg,
+                size_t nseg, const float *x, size_t R, float *out, scratch *sc, int nthreads, k3_error *err) {
+    size_t H = (size_t)c->kda_num_heads, D = (size_t)c->kda_head_dim, P = H * D, K = (size_t)c->short_conv_kernel_size;
+    size_t mark = sc->used;
+    kda_bufs B;
     int rc = -1;
-    if (!q || !kk || !v || !fa || !z || !b || !gate || !o) { k3_fail(err, "out of memory in KDA"); goto out; }
-    if (trunk_matmul(tr, k, &w->q, x, T, q, err)) goto out;
-    if (trunk_matmul(tr, k, &w->k, x, T, kk, err)) goto out;
-    if (trunk_matmul(tr, k, &w->v, x, T, v, err)) goto out;
-    if (trunk_matmul(tr, k, &w->f_a, x, T, fa, err)) goto out;
-    if (trunk_matmul(tr, k, &w->f_b, fa, T, z, err)) goto out;
-    if (trunk_matmul(tr, k, &w->b, x, T, b, err)) goto out;
-    if (trunk_matmul(tr, k, &w->g, x, T, gate, err)) goto out;
+    if (kda_layout(sc, c, R, nthreads, &B)) { k3_fail(err, "KDA scratch exceeds the engine's arena (%zu rows)", R); goto out; }
+    float *q = B.q, *kk = B.kk, *v = B.v, *z = B.z, *b = B.b, *gate = B.gate, *o = B.o;
+    if (trunk_matmul(tp, k, &w->q, x, R, q, err)) goto out;
+    if (trunk_matmul(tp, k, &w->k, x, R, kk, err)) goto out;
+    if (trunk_matmul(tp, k, &w->v, x, R, v, err)) goto out;
+    if (trunk_matmul(tp, k, &w->f_a, x, R, B.fa, err)) goto out;
+    if (trunk_matmul(tp, k, &w->f_b, B.fa, R, z, err)) goto out;
+    if (trunk_matmul(tp, k, &w->b, x, R, b, err)) goto out;
+    if (trunk_matmul(tp, k, &w->g, x, R, gate, err)) goto out;
     size_t hist = (K - 1) * P;
-    if (conv_silu(q, st->conv, w->conv_q, T, P, K, err) || conv_silu(kk, st->conv + hist, w->conv_k, T, P, K, err) ||
-        conv_silu(v, st->conv + 2 * hist, w->conv_v, T, P, K, err))
-        goto out;
-    int failed = 0;
-#pragma omp parallel for schedule(static)
-    for (size_t h = 0; h < H; h++) {
-        double *alpha = malloc(3 * D * sizeof *alpha);
-        if (!alpha) { failed = 1; continue; }
+    for (size_t s = 0; s < nseg; s++) {
+        kda_state *st = &sg[s].st->kda[l];
+        size_t r0 = sg[s].row0, n = sg[s].n;
+        conv_silu(q + r0 * P, st->conv, w->conv_q, n, P, K, B.ext);
+        conv_silu(kk + r0 * P, st->conv + hist, w->conv_k, n, P, K, B.ext);
+        conv_silu(v + r0 * P, st->conv + 2 * hist, w->conv_v, n, P, K, B.ext);
+    }
+    size_t jobs = nseg * H;
+#pragma omp parallel for schedule(static) num_threads(nthreads)
+    for (size_t job = 0; job < jobs; job++) {
+        size_t s = job / H, h = job % H;
+        double *alpha = B.head + (size_t)omp_get_thread_num() * 3 * D;
         double *acc = alpha + D;
+        float *S = sg[s].st->kda[l].S + h * D * D;
         double decay_rate = exp((double)w->a_log[h]); /* A_log is per HEAD */
-        for (size_t t = 0; t < T; t++) {
+        for (size_t t = sg[s].row0; t < sg[s].row0 + sg[s].n; t++) {
             float *qh = q + t * P + h * D, *kh = kk + t * P + h * D, *oh = o + t * P + h * D;
             l2norm_scaled(qh, D, 1.0 / sqrt((double)D));
             l2norm_scaled(kh, D, 1.0);
@@ -92,16 +122,14 @@ int kda_forward(trunk *tr, const kernels *k, const k3_config *c, const kda_weigh
                                                    : -decay_rate * (zz > 20 ? zz : log1p(exp(zz)));
                 alpha[j] = exp(g);
             }
-            kda_head_step(st->S + h * D * D, qh, kh, v + t * P + h * D, alpha, beta, D, oh, acc);
+            kda_head_step(S, qh, kh, v + t * P + h * D, alpha, beta, D, oh, acc);
             rmsnorm(oh, oh, w->o_norm, D, c->rms_norm_eps);
             for (size_t j = 0; j < D; j++) oh[j] = (float)((double)oh[j] * sigmoid_d(gate[t * P + h * D + j]));
         }
-        free(alpha);
     }
-    if (failed) { k3_fail(err, "out of memory in KDA heads"); goto out; }
-    if (trunk_matmul(tr, k, &w->o, o, T, out, err)) goto out;
+    if (trunk_matmul(tp, k, &w->o, o, R, out, err)) goto out;
     rc = 0;
 out:
-    free(q); free(kk); free(v); free(fa); free(z); free(b); free(gate); free(o);
+    sc->used = mark;
     return rc;
 }

@@ -1,11 +1,12 @@
 /* layers.h - the four layer kinds of K3 over a chunk of T consecutive tokens.
  *
  * Each takes x [T][E] (the already-normalised layer input) and writes out [T][E].
- * Tokens of a chunk are positions st->pos .. st->pos+T-1. Every per-token result
- * is bit-identical whether the tokens arrive as one chunk or one at a time
- * (dot products per kernels.h; recurrences run token by token in order).
- * Trunk matrices are made readable through tr (trunk_matmul / trunk_need) in the
- * order they were registered by model.c; the caller releases the last unit.
+ * Every per-token result is bit-identical whether the tokens arrive as one chunk,
+ * one at a time, or batched with other sequences (dot products per kernels.h;
+ * recurrences run token by token in order, per sequence).
+ * Trunk matrices are made readable through the pass tp (trunk_matmul /
+ * trunk_get) in the order model.c registered them; the caller releases the last
+ * unit. Layer code never allocates: temporaries come from the scratch arena.
  * Sections refer to K3-MODEL.md. */
 #ifndef K3_LAYERS_H
 #define K3_LAYERS_H
@@ -13,21 +14,39 @@
 #include "coordinator/expert_backend.h"
 #include "coordinator/model.h"
 #include "coordinator/state.h"
+#include "coordinator/scratch.h"
 #include "coordinator/trunk.h"
 
-/* 4.2 Kimi Delta Attention; updates S and the conv history in st. */
-int kda_forward(trunk *tr, const kernels *k, const k3_config *c, const kda_weights *w, kda_state *st, const float *x, size_t T,
-                float *out, k3_error *err);
-/* 4.3 gated MLA (NoPE); appends T rows to the cache (room reserved by the caller). */
-int mla_forward(trunk *tr, const kernels *k, const k3_config *c, const mla_weights *w, mla_state *st, size_t pos, const float *x,
-                size_t T, float *out, k3_error *err);
-/* 4.1 MLP with SiTU-GLU (dense layer 0 and the fused shared experts). */
-int mlp_forward(trunk *tr, const kernels *k, const k3_config *c, const mlp_weights *w, const float *x, size_t T, float *out,
+/* Rows [row0, row0+n) of a layer's input belong to one sequence, at positions
+ * pos..pos+n-1 of that sequence (a batch holds several sequences; each keeps its
+ * own state and every row's bits are those of the sequence run alone). */
+typedef struct {
+    seq_state *st;
+    size_t row0, n, pos;
+} fwd_segment;
+
+/* Every layer function works on R = sum of the segments' n rows: x [R][E] (the
+ * already-normalised layer input), out [R][E]. Temporaries come from sc (carved,
+ * restored on return); *_scratch_bytes give the bytes for R rows, max_ctx
+ * positions and nthreads threads, from the same layout code. */
+/* 4.2 Kimi Delta Attention; updates S and the conv history of layer l of each segment's state. */
+int kda_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const kda_weights *w, int l, const fwd_segment *sg,
+                size_t nseg, const float *x, size_t R, float *out, scratch *sc, int nthreads, k3_error *err);
+size_t kda_scratch_bytes(const k3_config *c, size_t R, int nthreads);
+/* 4.3 gated MLA (NoPE); appends each segment's rows to its layer-l cache (room reserved by the caller). */
+int mla_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const mla_weights *w, int l, const fwd_segment *sg,
+                size_t nseg, const float *x, size_t R, float *out, scratch *sc, int nthreads, size_t max_ctx,
                 k3_error *err);
+size_t mla_scratch_bytes(const k3_config *c, size_t R, int nthreads, size_t max_ctx);
+/* 4.1 MLP with SiTU-GLU (dense layers and the fused shared experts). */
+int mlp_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const mlp_weights *w, const float *x, size_t R,
+                float *out, scratch *sc, k3_error *err);
+size_t mlp_scratch_bytes(const k3_config *c, size_t R);
 /* 4.4 Stable LatentMoE; experts computed by eb. If trace != NULL, the selected
- * expert ids are written there ([T][top_k], top-k order). */
-int moe_forward(trunk *tr, const kernels *k, const k3_config *c, const moe_weights *w, int layer, expert_backend *eb,
-                const float *x, size_t T, float *out, int32_t *trace, k3_error *err);
+ * expert ids are written there ([R][top_k], top-k order). */
+int moe_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const moe_weights *w, int layer,
+                expert_backend *eb, const float *x, size_t R, float *out, int32_t *trace, scratch *sc, k3_error *err);
+size_t moe_scratch_bytes(const k3_config *c, size_t R);
 
 /* Selection for one token (exposed for tests): scores s_e = sigmoid(logit_e);
  * top-k over s_e + bias_e (ties: lower id), descending; weights from the

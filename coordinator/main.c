@@ -38,11 +38,6 @@
 #include <unistd.h>
 
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static json_t *ids_json(const int32_t *ids, size_t n) {
     json_t *a = json_array();
@@ -60,81 +55,93 @@ typedef struct {
     int streamed;        /* the text was printed while generating */
 } run_result;
 
-/* Runs the generation; returns an exit status. */
 /* Prints one token's bytes as they arrive, by complete code points. */
-static void stream_token(const tokenizer *tok, utf8_stream *us, int32_t id) {
-    const char *b;
-    size_t len;
-    if (tokenizer_token_bytes(tok, id, &b, &len) != 0) return;
-    char out[UTF8_STREAM_MAX_OUT(256)];
-    while (len > 0) {
-        size_t n = len < 256 ? len : 256;
-        fwrite(out, 1, utf8_stream_push(us, b, n, out), stdout);
-        b += n;
-        len -= n;
+typedef struct {
+    const tokenizer *tok;
+    utf8_stream us;
+    int tty;
+    size_t n, N;
+} token_printer;
+
+static void print_token(void *ctx, int32_t id, int stop) {
+    token_printer *tp = ctx;
+    (void)stop;
+    tp->n++;
+    if (tp->tok) {
+        const char *b;
+        size_t len;
+        if (tokenizer_token_bytes(tp->tok, id, &b, &len) != 0) return;
+        char out[UTF8_STREAM_MAX_OUT(256)];
+        while (len > 0) {
+            size_t n = len < 256 ? len : 256;
+            fwrite(out, 1, utf8_stream_push(&tp->us, b, n, out), stdout);
+            b += n;
+            len -= n;
+        }
+        fflush(stdout);
+    } else if (tp->tty) {
+        fprintf(stderr, "\rk3: generated %zu/%zu", tp->n, tp->N);
     }
-    fflush(stdout);
 }
 
-/* Runs the generation; with stream_tok, the generated text goes to stdout as it
- * is produced. Returns an exit status. */
+typedef struct {
+    float *rows;
+    size_t first, V;
+} row_keeper;
+
+static void keep_row(void *ctx, size_t pos, const float *row) {
+    row_keeper *rk = ctx;
+    memcpy(rk->rows + (pos - rk->first) * rk->V, row, rk->V * sizeof *row);
+}
+
+/* Runs the generation through the one generation step; with stream_tok, the
+ * generated text goes to stdout as it is produced. Returns an exit status. */
 static int run(engine *en, const options *o, const tokenizer *stream_tok, run_result *r, k3_error *err) {
     const k3_config *c = &en->model->cfg;
     size_t V = (size_t)c->vocab_size, n = r->n_prompt, N = (size_t)o->gen;
     r->first_pos = o->teacher_force ? 0 : n - 1;
     size_t last_pos = N > 0 ? n + N - 2 : n - 1;
     r->n_rows = last_pos + 1 - r->first_pos;
-    /* every row is kept only when it is asked for; else one row is reused */
+    /* every row is kept only when it is asked for */
     int keep = o->logits_path || o->teacher_force;
-    r->rows = malloc((keep ? r->n_rows : 1) * V * sizeof *r->rows);
-    if (!r->rows) { k3_fail(err, "out of memory for %zu rows of logits", r->n_rows); return EXIT_RUNTIME; }
-    seq_state st;
-    sampler smp;
-    utf8_stream us;
-    utf8_stream_init(&us, 1); /* an ill-formed sequence shows as U+FFFD, never half a code point */
-    char se[256];
-    if (sampler_init(&smp, &o->sampling, se, sizeof se)) { k3_fail(err, "%s", se); return EXIT_USAGE; }
-    if (seq_state_init(&st, c, err)) { sampler_free(&smp); return EXIT_RUNTIME; }
-    int status = EXIT_RUNTIME;
-    double t0 = now_s();
-    int tty = isatty(2);
-    if (!o->full_recompute) {
-        if (feed_tokens(en, &st, r->seq, n, (size_t)o->chunk, r->first_pos, r->rows, err)) goto out;
+    if (keep && !(r->rows = malloc(r->n_rows * V * sizeof *r->rows))) {
+        k3_fail(err, "out of memory for %zu rows of logits", r->n_rows);
+        return EXIT_RUNTIME;
     }
-    r->prefill_s = now_s() - t0;
-    t0 = now_s();
-    for (size_t i = 0; i < (N > 0 ? N : 1); i++) {
-        size_t pos = n - 1 + i; /* the position whose logits choose the next token */
-        float *row = r->rows + (keep ? (pos - r->first_pos) * V : 0);
-        if (o->full_recompute) {
-            seq_state_reset(&st, c);
-            size_t want = (i == 0) ? r->first_pos : pos;
-            if (feed_tokens(en, &st, r->seq, pos + 1, (size_t)o->chunk, want, r->rows + (keep ? (want - r->first_pos) * V : 0), err)) goto out;
-        } else if (i > 0) {
-            if (feed_tokens(en, &st, r->seq + pos, 1, 1, pos, row, err)) goto out;
-        }
-        if (N == 0) break;
-        int32_t next = sampler_pick(&smp, row, V);
-        if (next == SAMPLER_ENOMEM) { k3_fail(err, "out of memory in the sampler"); goto out; }
-        if (next < 0) { k3_fail(err, "non-finite logits at position %zu: refusing to emit a token", pos); goto out; }
-        r->seq[n + i] = next;
+    gen_seq g;
+    if (gen_seq_init(&g, c, &o->sampling, o->stop_ids, o->n_stop_ids, n + N, err)) return EXIT_USAGE;
+    int status = EXIT_RUNTIME;
+    token_printer tp = {.tok = stream_tok, .tty = isatty(2), .N = N};
+    utf8_stream_init(&tp.us, 1); /* an ill-formed sequence shows as U+FFFD, never half a code point */
+    row_keeper rk = {r->rows, r->first_pos, V};
+    g.full_recompute = o->full_recompute;
+    g.on_token = print_token;
+    g.on_token_ctx = &tp;
+    if (keep && gen_seq_watch_rows(&g, r->first_pos, (size_t)o->chunk, keep_row, &rk, err)) goto out;
+    if (gen_seq_push(&g, r->seq, n, err)) goto out;
+    double t0 = k3_now_s();
+    if (N == 0) {
+        if (gen_feed(en, &g, (size_t)o->chunk, err)) goto out;
+        r->prefill_s = k3_now_s() - t0;
+    }
+    for (size_t i = 0; i < N; i++) {
+        gen_event ev;
+        if (gen_step(en, &g, (size_t)o->chunk, &ev, err)) goto out;
+        if (i == 0) { r->prefill_s = k3_now_s() - t0; t0 = k3_now_s(); }
+        r->seq[n + i] = ev.id;
         r->n_gen = i + 1;
-        if (stream_tok) stream_token(stream_tok, &us, next);
-        int stop = 0;
-        for (size_t j = 0; j < o->n_stop_ids; j++) stop |= next == o->stop_ids[j];
-        if (stop) break;
-        if (tty && !stream_tok) fprintf(stderr, "\rk3: generated %zu/%zu", i + 1, N);
+        if (ev.stop) break;
     }
     if (stream_tok) {
         char tail[UTF8_STREAM_MAX_OUT(0)];
-        fwrite(tail, 1, utf8_stream_flush(&us, tail), stdout);
+        fwrite(tail, 1, utf8_stream_flush(&tp.us, tail), stdout);
         fputc('\n', stdout);
         fflush(stdout);
         r->streamed = 1;
     }
-    if (tty && N && !stream_tok) fprintf(stderr, "\n");
+    if (tp.tty && N && !stream_tok) fprintf(stderr, "\n");
     if (N > 0 && r->n_gen < N) r->n_rows = n + r->n_gen - 1 - r->first_pos; /* stopped early: rows computed */
-    r->decode_s = now_s() - t0;
+    if (N > 0) r->decode_s = k3_now_s() - t0;
     if (o->teacher_force)
         for (size_t p = 0; p < n; p++) {
             r->tf_pred[p] = argmax_logits(r->rows + p * V, V);
@@ -142,8 +149,7 @@ static int run(engine *en, const options *o, const tokenizer *stream_tok, run_re
         }
     status = EXIT_OK;
 out:
-    seq_state_free(&st);
-    sampler_free(&smp);
+    gen_seq_free(&g);
     return status;
 }
 
@@ -254,9 +260,9 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         json_object_set_new(tm, "load_s", json_real(ri->load_s));
         json_object_set_new(tm, "prefill_s", json_real(r->prefill_s));
         json_object_set_new(tm, "decode_s", json_real(r->decode_s));
-        /* incremental: the first generated token comes from the prefill's logits, so decode_s covers
-         * the forwards of the other n_gen - 1; full recompute runs every token's forward in decode_s */
-        size_t n_dec = o->full_recompute ? r->n_gen : r->n_gen > 0 ? r->n_gen - 1 : 0;
+        /* the first generated token comes from the prefill's logits (prefill_s covers its step, in
+         * full recompute too), so decode_s covers the forwards of the other n_gen - 1 */
+        size_t n_dec = r->n_gen > 0 ? r->n_gen - 1 : 0;
         json_object_set_new(tm, "decode_tokens", json_integer((json_int_t)n_dec));
         json_object_set_new(tm, "decode_tokens_per_s", json_real(r->decode_s > 0 ? (double)n_dec / r->decode_s : 0));
         json_object_set_new(j, "timing", tm);
@@ -420,7 +426,7 @@ int main(int argc, char **argv) {
     size_t n = 0;
     int status = (o.chat || o.serve) ? EXIT_OK : prompt_ids(&o, tok, &prompt, &n);
     if (status != EXIT_OK) { free(prompt); tokenizer_free(tok); return status; }
-    double t0 = now_s();
+    double t0 = k3_now_s();
     k3_model m;
     k3_error err = {0};
     if (model_load(o.model_dir, &m, &err)) {
@@ -429,9 +435,10 @@ int main(int argc, char **argv) {
         tokenizer_free(tok);
         return EXIT_USAGE;
     }
-    ri.load_s = now_s() - t0;
+    ri.load_s = k3_now_s() - t0;
     status = EXIT_USAGE;
     expert_backend eb = {0};
+    engine en = {0};
     for (size_t i = 0; i < n; i++)
         if (prompt[i] >= m.cfg.vocab_size) {
             fprintf(stderr, "k3: prompt id %d is outside the vocabulary [0, %d)\n", prompt[i], m.cfg.vocab_size);
@@ -462,7 +469,8 @@ int main(int argc, char **argv) {
     ri.eb = &eb;
     ri.plan = &plan;
     ri.trunk = tr;
-    engine en = {.model = &m, .trunk = tr, .k = k, .experts = &eb};
+    en = (engine){.model = &m, .trunk = tr, .k = k, .experts = &eb};
+    if (engine_init(&en, (size_t)o.chunk, ctx, ri.threads, &err)) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
     FILE *trace = NULL;
     if (o.trace_path) {
         if (!(trace = fopen(o.trace_path, "w"))) { fprintf(stderr, "k3: cannot write %s\n", o.trace_path); goto done; }
@@ -514,6 +522,7 @@ int main(int argc, char **argv) {
     if (status != EXIT_OK) fprintf(stderr, "k3: %s\n", err.msg);
     else status = write_outputs(&o, &r, &en, &ri);
 done:
+    engine_free(&en);
     if (eb.destroy) eb.destroy(&eb);
     trunk_free(tr);
     plan_free(&plan);

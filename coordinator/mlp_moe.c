@@ -2,7 +2,6 @@
 #include "common/activations.h"
 #include "coordinator/layers.h"
 #include <math.h>
-#include <stdlib.h>
 #include <string.h>
 
 float dense_at(const dense_weight *W, size_t r, size_t c) {
@@ -16,20 +15,34 @@ float dense_row_dot(const kernels *k, const dense_weight *W, size_t r, const flo
     return k->dot_bf16((const uint16_t *)W->data + r * W->cols, x, W->cols);
 }
 
-int mlp_forward(trunk *tr, const kernels *k, const k3_config *c, const mlp_weights *w, const float *x, size_t T,
-                float *out, k3_error *err) {
-    size_t I = w->gate.rows;
+static int mlp_layout(scratch *sc, const k3_config *c, size_t R, float **g, float **u) {
+    size_t Ish = (size_t)c->moe_intermediate_size * (size_t)c->num_shared_experts;
+    size_t I = (size_t)c->intermediate_size > Ish ? (size_t)c->intermediate_size : Ish;
+    *g = scratch_take(sc, R * I * sizeof(float));
+    *u = scratch_take(sc, R * I * sizeof(float));
+    return *g && *u ? 0 : -1;
+}
+
+size_t mlp_scratch_bytes(const k3_config *c, size_t R) {
+    scratch s = {0};
+    float *g, *u;
+    mlp_layout(&s, c, R, &g, &u);
+    return s.used;
+}
+
+int mlp_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const mlp_weights *w, const float *x, size_t R,
+                float *out, scratch *sc, k3_error *err) {
+    size_t I = w->gate.rows, mark = sc->used;
     int rc = -1;
-    float *g = malloc(T * I * sizeof *g), *u = malloc(T * I * sizeof *u);
-    if (!g || !u) { k3_fail(err, "out of memory in MLP"); goto out; }
-    if (trunk_matmul(tr, k, &w->gate, x, T, g, err)) goto out;
-    if (trunk_matmul(tr, k, &w->up, x, T, u, err)) goto out;
-    situ_glu(g, g, u, T * I, c->situ_beta, c->situ_linear_beta);
-    if (trunk_matmul(tr, k, &w->down, g, T, out, err)) goto out;
+    float *g, *u;
+    if (mlp_layout(sc, c, R, &g, &u)) { k3_fail(err, "MLP scratch exceeds the engine's arena"); goto out; }
+    if (trunk_matmul(tp, k, &w->gate, x, R, g, err)) goto out;
+    if (trunk_matmul(tp, k, &w->up, x, R, u, err)) goto out;
+    situ_glu(g, g, u, R * I, c->situ_beta, c->situ_linear_beta);
+    if (trunk_matmul(tp, k, &w->down, g, R, out, err)) goto out;
     rc = 0;
 out:
-    free(g);
-    free(u);
+    sc->used = mark;
     return rc;
 }
 
@@ -70,39 +83,63 @@ void moe_combine(const double *weights, const float *y, size_t K, size_t L, floa
     }
 }
 
-int moe_forward(trunk *tr, const kernels *k, const k3_config *c, const moe_weights *w, int layer, expert_backend *eb,
-                const float *x, size_t T, float *out, int32_t *trace, k3_error *err) {
+typedef struct {
+    float *logits, *z, *y, *acc, *shared;
+    int32_t *ptok, *pexp;
+    double *wts;
+} moe_bufs;
+
+static int moe_layout(scratch *sc, const k3_config *c, size_t R, moe_bufs *B) {
+    size_t N = (size_t)c->num_experts, K = (size_t)c->num_experts_per_token, L = (size_t)c->routed_expert_hidden_size,
+           E = (size_t)c->hidden_size, f = sizeof(float);
+    B->logits = scratch_take(sc, R * N * f);
+    B->z = scratch_take(sc, R * L * f);
+    B->y = scratch_take(sc, R * K * L * f);
+    B->acc = scratch_take(sc, R * L * f);
+    B->shared = scratch_take(sc, R * E * f);
+    B->ptok = scratch_take(sc, R * K * sizeof(int32_t));
+    B->pexp = scratch_take(sc, R * K * sizeof(int32_t));
+    B->wts = scratch_take(sc, R * K * sizeof(double));
+    return B->logits && B->z && B->y && B->acc && B->shared && B->ptok && B->pexp && B->wts ? 0 : -1;
+}
+
+size_t moe_scratch_bytes(const k3_config *c, size_t R) {
+    scratch s = {0};
+    moe_bufs B;
+    moe_layout(&s, c, R, &B);
+    return s.used + mlp_scratch_bytes(c, R); /* the shared experts run inside */
+}
+
+int moe_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const moe_weights *w, int layer,
+                expert_backend *eb, const float *x, size_t R, float *out, int32_t *trace, scratch *sc, k3_error *err) {
     size_t N = (size_t)c->num_experts, K = (size_t)c->num_experts_per_token, L = (size_t)c->routed_expert_hidden_size,
            E = (size_t)c->hidden_size;
-    float *logits = malloc(T * N * sizeof *logits), *z = malloc(T * L * sizeof *z);
-    float *y = malloc(T * K * L * sizeof *y), *acc = malloc(T * L * sizeof *acc);
-    float *shared = malloc(T * E * sizeof *shared);
-    int32_t *ptok = malloc(T * K * sizeof *ptok), *pexp = malloc(T * K * sizeof *pexp);
-    double *wts = malloc(T * K * sizeof *wts);
+    size_t mark = sc->used;
+    moe_bufs B;
     int rc = -1;
-    if (!logits || !z || !y || !acc || !shared || !ptok || !pexp || !wts) { k3_fail(err, "out of memory in MoE layer %d", layer); goto out; }
+    if (moe_layout(sc, c, R, &B)) { k3_fail(err, "MoE scratch exceeds the engine's arena (%zu rows)", R); goto out; }
     /* 1-3: router on the FULL-width input */
-    if (trunk_matmul(tr, k, &w->router, x, T, logits, err)) goto out;
-    for (size_t t = 0; t < T; t++) {
-        moe_route(c, logits + t * N, w->router_bias, pexp + t * K, wts + t * K);
-        for (size_t j = 0; j < K; j++) ptok[t * K + j] = (int32_t)t;
-        if (trace) memcpy(trace + t * K, pexp + t * K, K * sizeof *trace);
+    if (trunk_matmul(tp, k, &w->router, x, R, B.logits, err)) goto out;
+    for (size_t t = 0; t < R; t++) {
+        moe_route(c, B.logits + t * N, w->router_bias, B.pexp + t * K, B.wts + t * K);
+        for (size_t j = 0; j < K; j++) B.ptok[t * K + j] = (int32_t)t;
+        if (trace) memcpy(trace + t * K, B.pexp + t * K, K * sizeof *trace);
     }
     /* 4-5: latent down-projection, experts, combine in top-k order */
-    if (trunk_matmul(tr, k, &w->lat_down, x, T, z, err)) goto out;
-    if (eb->run(eb, layer, z, T, ptok, pexp, T * K, y, err)) goto out;
-    for (size_t t = 0; t < T; t++) moe_combine(wts + t * K, y + t * K * L, K, L, acc + t * L);
+    if (trunk_matmul(tp, k, &w->lat_down, x, R, B.z, err)) goto out;
+    if (eb->run(eb, layer, B.z, R, B.ptok, B.pexp, R * K, B.y, err)) goto out;
+    for (size_t t = 0; t < R; t++) moe_combine(B.wts + t * K, B.y + t * K * L, K, L, B.acc + t * L);
     /* 6: latent norm on the AGGREGATE, then up-projection */
     if (c->latent_moe_use_norm)
-        for (size_t t = 0; t < T; t++) rmsnorm(acc + t * L, acc + t * L, w->lat_norm, L, c->rms_norm_eps);
-    if (trunk_matmul(tr, k, &w->lat_up, acc, T, out, err)) goto out;
+        for (size_t t = 0; t < R; t++) rmsnorm(B.acc + t * L, B.acc + t * L, w->lat_norm, L, c->rms_norm_eps);
+    if (trunk_matmul(tp, k, &w->lat_up, B.acc, R, out, err)) goto out;
     /* 7: shared experts on the ORIGINAL input, unweighted */
     if (c->num_shared_experts > 0) {
-        if (mlp_forward(tr, k, c, &w->shared, x, T, shared, err)) goto out;
-        for (size_t i = 0; i < T * E; i++) out[i] += shared[i];
+        if (mlp_forward(tp, k, c, &w->shared, x, R, B.shared, sc, err)) goto out;
+        for (size_t i = 0; i < R * E; i++) out[i] += B.shared[i];
     }
     rc = 0;
 out:
-    free(logits); free(z); free(y); free(acc); free(shared); free(ptok); free(pexp); free(wts);
+    sc->used = mark;
     return rc;
 }

@@ -52,7 +52,7 @@ static int check_shape(loader *ld, const ckpt_entry *e, int ndim, const uint64_t
 
 static int get_dense_e(loader *ld, const ckpt_entry *e, size_t rows, size_t cols, dense_weight *w) {
     if (!e || check_float_dtype(ld, e) || check_shape(ld, e, 2, (uint64_t[]){rows, cols})) return -1;
-    *w = (dense_weight){e->t->dtype == ST_F32 ? DTYPE_F32 : DTYPE_BF16, rows, cols, NULL};
+    *w = (dense_weight){e->t->dtype == ST_F32 ? DTYPE_F32 : DTYPE_BF16, rows, cols, NULL, -1, 0};
     trunk_unit *u = ld->unit;
     uint64_t bytes = e->t->end - e->t->begin;
     if (u && u->n > 0 && u->bytes + bytes > ld->m->max_unit_bytes) { /* part too big for one unit: split */

@@ -35,7 +35,6 @@ struct trunk {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     uint64_t filled, consumed, released, bytes_streamed;
-    int cur_unit, next_unit;  /* trunk_need: unit held now (-1 none), next layer unit of the walk */
     int stop, reader_failed;
     k3_error reader_err;
 };
@@ -164,6 +163,23 @@ static void *reader_main(void *arg) {
     return NULL;
 }
 
+static int reader_start(trunk *t, k3_error *err) {
+    if (!t->n_slots) return 0;
+    if (pthread_create(&t->reader, NULL, reader_main, t) != 0) return k3_fail(err, "cannot start the trunk reader");
+    t->reader_running = 1;
+    return 0;
+}
+
+static void reader_stop(trunk *t) {
+    if (!t->reader_running) return;
+    pthread_mutex_lock(&t->mu);
+    t->stop = 1;
+    pthread_cond_broadcast(&t->cv);
+    pthread_mutex_unlock(&t->mu);
+    pthread_join(t->reader, NULL);
+    t->reader_running = 0;
+}
+
 static uint8_t *alloc_aligned(uint64_t n) {
     void *p = NULL;
     return posix_memalign(&p, IO_ALIGN, n ? n : IO_ALIGN) == 0 ? p : NULL;
@@ -180,7 +196,6 @@ trunk *trunk_create(k3_model *m, const trunk_config *tc, k3_error *err) {
     t->n_pinned = tc->n_pinned_units < t->n_walk ? tc->n_pinned_units : t->n_walk;
     t->n_slots = t->n_pinned == t->n_walk ? 0 : tc->n_slots;
     t->direct_ok = 1;
-    t->cur_unit = -1;
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->cv, NULL);
     if (t->n_pinned < t->n_walk && t->n_slots < 2) {
@@ -219,22 +234,19 @@ trunk *trunk_create(k3_model *m, const trunk_config *tc, k3_error *err) {
             k3_fail(err, "cannot allocate a %llu-byte streaming slot", (unsigned long long)t->slot_bytes);
             return NULL;
         }
-    if (t->n_slots) {
-        if (pthread_create(&t->reader, NULL, reader_main, t) != 0) { trunk_free(t); k3_fail(err, "cannot start the trunk reader"); return NULL; }
-        t->reader_running = 1;
-    }
+    /* every trunk matrix learns its place in the walk, the name a pass asks for it by */
+    for (int u = 0; u < m->n_units; u++)
+        for (int j = 0; j < m->units[u].n; j++) {
+            m->units[u].w[j]->unit = u;
+            m->units[u].w[j]->slot = j;
+        }
+    if (reader_start(t, err)) { trunk_free(t); return NULL; }
     return t;
 }
 
 void trunk_free(trunk *t) {
     if (!t) return;
-    if (t->reader_running) {
-        pthread_mutex_lock(&t->mu);
-        t->stop = 1;
-        pthread_cond_broadcast(&t->cv);
-        pthread_mutex_unlock(&t->mu);
-        pthread_join(t->reader, NULL);
-    }
+    reader_stop(t);
     for (int i = 0; t->pinned && i < t->n_pinned; i++) free(t->pinned[i].buf);
     for (int s = 0; t->slots && s < t->n_slots; s++) free(t->slots[s].buf);
     if (t->direct_fd)
@@ -283,67 +295,81 @@ static void release_walk(trunk *t, int i) {
     pthread_mutex_unlock(&t->mu);
 }
 
-int trunk_acquire_unit(trunk *t, int u, k3_error *err) {
-    const unit_buffer *ub = acquire_walk(t, u, err);
-    if (!ub) return -1;
-    const trunk_unit *tu = &t->m->units[u];
-    for (int j = 0; j < tu->n; j++) tu->w[j]->data = ub->data[j];
+void trunk_pass_begin(trunk *t, trunk_pass *p) {
+    memset(p, 0, sizeof *p);
+    p->t = t;
+    p->cur = -1;
+}
+
+void trunk_release_current(trunk_pass *p) {
+    if (p->cur < 0) return;
+    release_walk(p->t, p->cur);
+    p->cur = -1;
+    memset(p->data, 0, sizeof p->data);
+}
+
+void trunk_pass_end(trunk_pass *p, int failed) {
+    trunk *t = p->t;
+    trunk_release_current(p);
+    if (!failed) return;
+    /* abandon: the reader may be anywhere in its cycle; start it over at the walk's start */
+    reader_stop(t);
+    t->stop = 0;
+    t->filled = t->consumed = t->released = 0;
+    t->reader_failed = 0;
+    t->reader_err = (k3_error){0};
+    k3_error e = {0};
+    if (reader_start(t, &e)) {
+        t->reader_failed = 1; /* every later acquire reports it */
+        t->reader_err = e;
+    }
+}
+
+int trunk_get(trunk_pass *p, const dense_weight *w, dense_weight *view, k3_error *err) {
+    trunk *t = p->t;
+    if (w->unit != p->cur) {
+        trunk_release_current(p);
+        int u = p->next;
+        if (u >= t->n_layer_units || w->unit != u)
+            return k3_fail(err, "trunk walk out of order: a tensor of %s was needed, the next unit is %s",
+                           w->unit >= 0 && w->unit < t->n_layer_units ? t->m->units[w->unit].label : "no unit",
+                           u < t->n_layer_units ? t->m->units[u].label : "the lm head");
+        const unit_buffer *ub = acquire_walk(t, u, err);
+        if (!ub) return -1;
+        memcpy(p->data, ub->data, sizeof p->data);
+        p->cur = u;
+        p->next = u + 1;
+    }
+    *view = *w;
+    view->data = p->data[w->slot];
     return 0;
 }
 
-void trunk_release_unit(trunk *t, int u) {
-    const trunk_unit *tu = &t->m->units[u];
-    for (int j = 0; j < tu->n; j++) tu->w[j]->data = NULL;
-    release_walk(t, u);
-}
-
-static int unit_has(const trunk_unit *u, const dense_weight *w) {
-    for (int j = 0; j < u->n; j++)
-        if (u->w[j] == w) return 1;
-    return 0;
-}
-
-void trunk_release_current(trunk *t) {
-    if (t->cur_unit >= 0) trunk_release_unit(t, t->cur_unit);
-    t->cur_unit = -1;
-}
-
-int trunk_need(trunk *t, const dense_weight *w, k3_error *err) {
-    const k3_model *m = t->m;
-    if (t->cur_unit >= 0 && unit_has(&m->units[t->cur_unit], w)) return 0;
-    trunk_release_current(t);
-    int u = t->next_unit;
-    if (u >= m->n_units || !unit_has(&m->units[u], w))
-        return k3_fail(err, "trunk walk out of order: a tensor was needed that is not in the next unit (%s)",
-                       u < m->n_units ? m->units[u].label : "lm head");
-    if (trunk_acquire_unit(t, u, err)) return -1;
-    t->cur_unit = u;
-    t->next_unit = u + 1;
-    return 0;
-}
-
-int trunk_matmul(trunk *t, const kernels *k, const dense_weight *w, const float *x, size_t ntok, float *y, k3_error *err) {
-    if (trunk_need(t, w, err)) return -1;
-    matmul_dense(k, w, x, ntok, y);
+int trunk_matmul(trunk_pass *p, const kernels *k, const dense_weight *w, const float *x, size_t ntok, float *y,
+                 k3_error *err) {
+    dense_weight v;
+    if (trunk_get(p, w, &v, err)) return -1;
+    matmul_dense(k, &v, x, ntok, y);
     return 0;
 }
 
 int trunk_lm_chunks(const trunk *t) { return t->n_lm; }
+size_t trunk_lm_chunk_rows(const trunk *t) { return t->lm_rows; }
 
-int trunk_acquire_lm(trunk *t, int c, dense_weight *w, size_t *row0, k3_error *err) {
-    trunk_release_current(t);
-    if (t->next_unit != t->n_layer_units) return k3_fail(err, "trunk walk out of order: lm head before the last layer");
+int trunk_acquire_lm(trunk_pass *p, int c, dense_weight *w, size_t *row0, k3_error *err) {
+    trunk *t = p->t;
+    trunk_release_current(p);
+    if (p->next != t->n_layer_units) return k3_fail(err, "trunk walk out of order: lm head before the last layer");
     const unit_buffer *ub = acquire_walk(t, t->n_layer_units + c, err);
     if (!ub) return -1;
     size_t V = (size_t)t->m->cfg.vocab_size, r0 = (size_t)c * t->lm_rows;
     *row0 = r0;
-    *w = (dense_weight){t->m->lm_head.dtype, V - r0 < t->lm_rows ? V - r0 : t->lm_rows, t->m->lm_head.cols, ub->data[0]};
+    *w = (dense_weight){t->m->lm_head.dtype, V - r0 < t->lm_rows ? V - r0 : t->lm_rows, t->m->lm_head.cols, ub->data[0], -1, 0};
     return 0;
 }
 
-void trunk_release_lm(trunk *t, int c) {
-    release_walk(t, t->n_layer_units + c);
-    if (c == t->n_lm - 1) t->next_unit = 0; /* the walk starts over with the next pass */
+void trunk_release_lm(trunk_pass *p, int c) {
+    release_walk(p->t, p->t->n_layer_units + c);
 }
 
 int trunk_embed_row(trunk *t, int32_t token, float *out, k3_error *err) {

@@ -10,7 +10,8 @@
  * buffers (buffered where the file system refuses it, warned once), tensor by
  * tensor. Embedding rows are read on demand; nothing of [vocab, E] is resident
  * unless the lm head is pinned. Acquire order must follow the walk order: a
- * mismatch is reported as an error, never a wrong weight. */
+ * mismatch is reported as an error, never a wrong weight. A pass (trunk_pass)
+ * that fails half way is abandoned and the next one starts clean. */
 #ifndef K3_TRUNK_H
 #define K3_TRUNK_H
 
@@ -33,21 +34,36 @@ uint64_t trunk_walk_unit_bytes(const k3_model *m, size_t lm_chunk_rows, int i);
 
 trunk *trunk_create(k3_model *m, const trunk_config *tc, k3_error *err);
 void trunk_free(trunk *t);
-/* Makes the tensors of layer unit u readable (waits for the reader if streamed). */
-int trunk_acquire_unit(trunk *t, int u, k3_error *err);
-void trunk_release_unit(trunk *t, int u);
-/* Layer code: make w readable before using it. If w is not in the unit held now,
- * that unit is released and the next unit of the walk acquired; w must be in it
- * (else an out-of-order error, never a wrong weight). */
-int trunk_need(trunk *t, const dense_weight *w, k3_error *err);
-/* trunk_need, then matmul_dense. */
-int trunk_matmul(trunk *t, const kernels *k, const dense_weight *w, const float *x, size_t ntok, float *y, k3_error *err);
-/* Releases the unit held by trunk_need, if any (end of a layer part). */
-void trunk_release_current(trunk *t);
+
+/* One pass over the walk (one forward call). Layer code gets each matrix from the
+ * pass by its place in the walk (dense_weight.unit/.slot, set once by
+ * trunk_create): the pass releases the unit it holds when a matrix of the next
+ * unit is asked for, and a matrix that is not in the next unit is an
+ * out-of-order error, never a wrong weight. Nothing is written into the model.
+ * trunk_pass_end(p, failed): after a complete pass nothing is left to do; after
+ * a failed or abandoned one the streaming reader is restarted at the start of
+ * the walk, so the next pass starts clean. */
+typedef struct {
+    trunk *t;
+    int cur;                                   /* walk unit held now, -1 none */
+    int next;                                  /* next layer unit of the walk */
+    const void *data[UNIT_MAX_TENSORS];        /* data of the held unit's matrices */
+} trunk_pass;
+
+void trunk_pass_begin(trunk *t, trunk_pass *p);
+void trunk_pass_end(trunk_pass *p, int failed);
+/* view = w with its data readable (valid until the unit is released). */
+int trunk_get(trunk_pass *p, const dense_weight *w, dense_weight *view, k3_error *err);
+/* trunk_get, then matmul_dense. */
+int trunk_matmul(trunk_pass *p, const kernels *k, const dense_weight *w, const float *x, size_t ntok, float *y,
+                 k3_error *err);
+/* Releases the unit held, if any (end of a layer part). */
+void trunk_release_current(trunk_pass *p);
 /* lm head: number of chunks, and chunk c as a dense weight over rows [row0, row0+rows). */
 int trunk_lm_chunks(const trunk *t);
-int trunk_acquire_lm(trunk *t, int c, dense_weight *w, size_t *row0, k3_error *err);
-void trunk_release_lm(trunk *t, int c);
+size_t trunk_lm_chunk_rows(const trunk *t);
+int trunk_acquire_lm(trunk_pass *p, int c, dense_weight *w, size_t *row0, k3_error *err);
+void trunk_release_lm(trunk_pass *p, int c);
 /* Embedding row of a token as floats (read from the shard unless pinned). */
 int trunk_embed_row(trunk *t, int32_t token, float *out, k3_error *err);
 

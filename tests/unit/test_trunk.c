@@ -23,6 +23,7 @@ static float *run(k3_model *m, const kernels *k, trunk_config tc, size_t chunk) 
     expert_backend eb;
     if (experts_local_create(&eb, m, k, 1 << 20, CACHE_POLICY_LRU, &err)) { trunk_free(t); return NULL; }
     engine en = {.model = m, .trunk = t, .k = k, .experts = &eb};
+    if (engine_init(&en, chunk, 64, 2, &err)) { printf("engine_init: %s\n", err.msg); eb.destroy(&eb); trunk_free(t); return NULL; }
     seq_state st;
     size_t V = (size_t)m->cfg.vocab_size;
     float *logits = malloc(NP * V * sizeof *logits);
@@ -34,6 +35,7 @@ static float *run(k3_model *m, const kernels *k, trunk_config tc, size_t chunk) 
     }
     if (!ok) printf("forward: %s\n", err.msg);
     seq_state_free(&st);
+    engine_free(&en);
     eb.destroy(&eb);
     trunk_free(t);
     if (!ok) { free(logits); return NULL; }
@@ -70,11 +72,19 @@ int main(void) {
     CHECK(t != NULL, "2-slot trunk: %s", err.msg);
     if (t) {
         k3_error e2 = {0};
-        CHECK(trunk_acquire_unit(t, 1, &e2) != 0 && strstr(e2.msg, "out of order"), "out-of-order acquire not refused");
-        CHECK(trunk_acquire_unit(t, 0, &e2) == 0, "in-order acquire failed: %s", e2.msg);
-        CHECK(m.units[0].w[0]->data != NULL, "acquired unit has no data");
-        trunk_release_unit(t, 0);
-        CHECK(m.units[0].w[0]->data == NULL, "released unit still points at a slot");
+        trunk_pass p;
+        dense_weight view;
+        trunk_pass_begin(t, &p);
+        CHECK(trunk_get(&p, m.units[1].w[0], &view, &e2) != 0 && strstr(e2.msg, "out of order"), "out-of-order acquire not refused");
+        e2 = (k3_error){0};
+        CHECK(trunk_get(&p, m.units[0].w[0], &view, &e2) == 0, "in-order acquire failed: %s", e2.msg);
+        CHECK(view.data != NULL, "acquired unit has no data");
+        CHECK(m.units[0].w[0]->data == NULL, "a pass wrote a pointer into the model");
+        trunk_pass_end(&p, 1); /* abandoned half way: the next pass starts at the walk's start */
+        trunk_pass_begin(t, &p);
+        e2 = (k3_error){0};
+        CHECK(trunk_get(&p, m.units[0].w[0], &view, &e2) == 0, "first unit after an abandoned pass: %s", e2.msg);
+        trunk_pass_end(&p, 1);
         float row[4096];
         CHECK((size_t)m.cfg.hidden_size <= 4096 && trunk_embed_row(t, 3, row, &e2) == 0, "embedding row: %s", e2.msg);
         CHECK(trunk_embed_row(t, m.cfg.vocab_size, row, &e2) != 0, "an out-of-vocabulary embedding row must fail");

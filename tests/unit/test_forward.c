@@ -1,0 +1,195 @@
+/* test_forward.c - the batched forward and the generation step.
+ *
+ * - forward_batch over several sequences (different lengths, positions, a prefill
+ *   chunk next to single decode tokens) gives every sequence the logits bits of
+ *   running it alone, with a streamed trunk (2 slots) and with everything pinned.
+ * - A pass that fails half way (the expert backend fails inside a MoE layer, as a
+ *   worker past --max-restarts does) is abandoned: the next forward on a fresh
+ *   state gives the right bits, with a streamed trunk.
+ * - gen_step_batch: greedy ids of 3 sequences decoded together equal each decoded
+ *   alone with gen_step; a stop id ends a sequence; the context cap is enforced.
+ * - The engine refuses a call over more rows than its arena was sized for.
+ * Uses tests/models/m13 (run from the repository root). */
+#include "tests/unit/check.h"
+#include "coordinator/experts_local.h"
+#include "coordinator/generate.h"
+#include "coordinator/plan.h"
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* An expert backend that fails its n-th call, then behaves. */
+typedef struct {
+    expert_backend inner;
+    int calls, fail_at;
+} flaky;
+
+static int flaky_run(expert_backend *b, int layer, const float *zlat, size_t ntok, const int32_t *pt, const int32_t *pe,
+                     size_t np, float *out, k3_error *err) {
+    flaky *f = b->impl;
+    if (++f->calls == f->fail_at) return k3_fail(err, "injected: expert server 0 past its restart limit");
+    return f->inner.run(&f->inner, layer, zlat, ntok, pt, pe, np, out, err);
+}
+
+static const int32_t A[] = {5, 17, 300, 42, 7, 99, 256, 1, 11, 12};
+static const int32_t B[] = {9, 8, 7};
+static const int32_t C[] = {400, 3, 2, 1, 60, 61};
+
+typedef struct {
+    k3_model m;
+    trunk *tr;
+    flaky fl;
+    expert_backend eb;
+    engine en;
+} rig;
+
+static void rig_open(rig *r, int streamed, size_t max_rows) {
+    memset(r, 0, sizeof *r);
+    k3_error err = {0};
+    if (model_load("tests/models/m13", &r->m, &err)) { printf("load: %s\n", err.msg); exit(1); }
+    const kernels *k = kernels_get(SIMD_AUTO);
+    size_t rows = (size_t)r->m.cfg.vocab_size / 3 + 1;
+    int walk = trunk_walk_units(&r->m, rows);
+    trunk_config tc = {streamed ? 1 : walk, streamed ? 2 : 0, rows};
+    if (!(r->tr = trunk_create(&r->m, &tc, &err))) { printf("trunk: %s\n", err.msg); exit(1); }
+    if (experts_local_create(&r->fl.inner, &r->m, k, 1 << 20, CACHE_POLICY_LRU, &err)) { printf("experts: %s\n", err.msg); exit(1); }
+    r->eb = (expert_backend){flaky_run, NULL, &r->fl};
+    r->en = (engine){.model = &r->m, .trunk = r->tr, .k = k, .experts = &r->eb};
+    if (engine_init(&r->en, max_rows, 128, 2, &err)) { printf("engine: %s\n", err.msg); exit(1); }
+}
+
+static void rig_close(rig *r) {
+    engine_free(&r->en);
+    r->fl.inner.destroy(&r->fl.inner);
+    trunk_free(r->tr);
+    model_free(&r->m);
+}
+
+/* logits of every position of ids fed alone, one chunk */
+static float *alone(rig *r, const int32_t *ids, size_t n) {
+    size_t V = (size_t)r->m.cfg.vocab_size;
+    float *out = malloc(n * V * sizeof *out);
+    seq_state st;
+    k3_error err = {0};
+    if (!out || seq_state_init(&st, &r->m.cfg, &err)) exit(1);
+    if (feed_tokens(&r->en, &st, ids, n, n, 0, out, &err)) { printf("alone: %s\n", err.msg); exit(1); }
+    seq_state_free(&st);
+    return out;
+}
+
+static void test_batch(int streamed) {
+    rig r;
+    rig_open(&r, streamed, 32);
+    size_t V = (size_t)r.m.cfg.vocab_size, nA = sizeof A / 4, nB = sizeof B / 4, nC = sizeof C / 4;
+    float *ra = alone(&r, A, nA), *rb = alone(&r, B, nB), *rc = alone(&r, C, nC);
+    /* batch: A's first 4 as a prefill chunk, B whole, C's first 5; then A's next 6 with C's last one */
+    seq_state sa, sb, sc;
+    k3_error err = {0};
+    seq_state_init(&sa, &r.m.cfg, &err);
+    seq_state_init(&sb, &r.m.cfg, &err);
+    seq_state_init(&sc, &r.m.cfg, &err);
+    float *la = malloc(nA * V * sizeof *la), *lb = malloc(nB * V * sizeof *lb), *lc = malloc(nC * V * sizeof *lc);
+    forward_seq s1[3] = {{&sa, A, 4, 0, la}, {&sb, B, nB, 0, lb}, {&sc, C, 5, 2, lc + 2 * V}};
+    CHECK(forward_batch(&r.en, s1, 3, &err) == 0, "batch 1: %s", err.msg);
+    forward_seq s2[2] = {{&sc, C + 5, 1, 0, lc + 5 * V}, {&sa, A + 4, nA - 4, 0, la + 4 * V}};
+    CHECK(forward_batch(&r.en, s2, 2, &err) == 0, "batch 2: %s", err.msg);
+    CHECK(memcmp(la, ra, nA * V * 4) == 0, "sequence A batched differs from alone (streamed %d)", streamed);
+    CHECK(memcmp(lb, rb, nB * V * 4) == 0, "sequence B batched differs from alone (streamed %d)", streamed);
+    CHECK(memcmp(lc + 2 * V, rc + 2 * V, (nC - 2) * V * 4) == 0, "sequence C batched differs from alone (streamed %d)", streamed);
+    CHECK(sa.pos == nA && sb.pos == nB && sc.pos == nC, "positions not advanced");
+
+    /* more rows than the arena holds: refused, not overflowed */
+    int32_t many[40] = {0};
+    seq_state_reset(&sb, &r.m.cfg);
+    err = (k3_error){0};
+    CHECK(forward_chunk(&r.en, &sb, many, 40, 39, NULL, &err) != 0 && strstr(err.msg, "rows"), "40 rows past a 32-row engine: '%s'", err.msg);
+
+    /* a pass failing half way (the 2nd MoE call) is abandoned; the next forward is right */
+    seq_state_reset(&sa, &r.m.cfg);
+    r.fl.calls = 0;
+    r.fl.fail_at = 2;
+    err = (k3_error){0};
+    CHECK(forward_chunk(&r.en, &sa, A, nA, 0, la, &err) != 0 && strstr(err.msg, "injected"), "injected failure not reported: '%s'", err.msg);
+    seq_state_reset(&sa, &r.m.cfg);
+    err = (k3_error){0};
+    memset(la, 0, nA * V * 4);
+    CHECK(forward_chunk(&r.en, &sa, A, nA, 0, la, &err) == 0, "forward after an abandoned pass: %s", err.msg);
+    CHECK(memcmp(la, ra, nA * V * 4) == 0, "logits after an abandoned pass differ (streamed %d)", streamed);
+    r.fl.fail_at = 0;
+
+    seq_state_free(&sa); seq_state_free(&sb); seq_state_free(&sc);
+    free(la); free(lb); free(lc); free(ra); free(rb); free(rc);
+    rig_close(&r);
+}
+
+static void decode_alone(rig *r, const int32_t *p, size_t n, size_t gen, int32_t *out) {
+    gen_seq g;
+    sampler_config sc;
+    sampler_config_default(&sc);
+    k3_error err = {0};
+    if (gen_seq_init(&g, &r->m.cfg, &sc, NULL, 0, n + gen, &err) || gen_seq_push(&g, p, n, &err)) { printf("%s\n", err.msg); exit(1); }
+    for (size_t i = 0; i < gen; i++) {
+        gen_event ev;
+        if (gen_step(&r->en, &g, 4, &ev, &err)) { printf("gen_step: %s\n", err.msg); exit(1); }
+        out[i] = ev.id;
+    }
+    gen_seq_free(&g);
+}
+
+static void test_gen_batch(void) {
+    rig r;
+    rig_open(&r, 1, 8);
+    enum { GEN = 6 };
+    const int32_t *P[3] = {A, B, C};
+    size_t NP[3] = {sizeof A / 4, sizeof B / 4, sizeof C / 4};
+    int32_t want[3][GEN], got[3][GEN];
+    for (int i = 0; i < 3; i++) decode_alone(&r, P[i], NP[i], GEN, want[i]);
+    gen_seq g[3], *gp[3];
+    sampler_config sc;
+    sampler_config_default(&sc);
+    k3_error err = {0};
+    for (int i = 0; i < 3; i++) {
+        gp[i] = &g[i];
+        CHECK(gen_seq_init(&g[i], &r.m.cfg, &sc, NULL, 0, NP[i] + GEN, &err) == 0 && gen_seq_push(&g[i], P[i], NP[i], &err) == 0, "%s", err.msg);
+    }
+    size_t have[3] = {0};
+    for (int step = 0; step < 40 && (have[0] < GEN || have[1] < GEN || have[2] < GEN); step++) {
+        gen_event ev[3];
+        gen_seq *live[3];
+        int map[3], nl = 0;
+        for (int i = 0; i < 3; i++) if (have[i] < GEN) { map[nl] = i; live[nl++] = gp[i]; }
+        CHECK(gen_step_batch(&r.en, live, (size_t)nl, 4, ev, &err) == 0, "gen_step_batch: %s", err.msg);
+        for (int j = 0; j < nl; j++) {
+            CHECK(ev[j].status == 0, "status %d: %s", ev[j].status, ev[j].why);
+            if (ev[j].picked) got[map[j]][have[map[j]]++] = ev[j].id;
+        }
+    }
+    for (int i = 0; i < 3; i++) CHECK(have[i] == GEN && memcmp(got[i], want[i], sizeof want[i]) == 0, "sequence %d: batched ids differ", i);
+    /* the context cap: the history holds NP + GEN ids, a further pick is refused */
+    gen_event ev;
+    err = (k3_error){0};
+    CHECK(gen_step(&r.en, &g[0], 4, &ev, &err) == GEN_CONTEXT_FULL && strstr(err.msg, "context full"), "context cap not enforced: '%s'", err.msg);
+    for (int i = 0; i < 3; i++) gen_seq_free(&g[i]);
+    /* a stop id ends the sequence: stop at want[1][2] */
+    gen_seq s;
+    int32_t stop = want[1][2];
+    CHECK(gen_seq_init(&s, &r.m.cfg, &sc, &stop, 1, 64, &err) == 0 && gen_seq_push(&s, B, NP[1], &err) == 0, "%s", err.msg);
+    int stopped_at = -1;
+    for (int i = 0; i < GEN && stopped_at < 0; i++) {
+        CHECK(gen_step(&r.en, &s, 4, &ev, &err) == 0, "%s", err.msg);
+        if (ev.stop) stopped_at = i;
+    }
+    int first = 0;
+    while (want[1][first] != stop) first++;
+    CHECK(stopped_at == first, "stop id seen at %d, expected %d", stopped_at, first);
+    CHECK(gen_seq_pending(&s) == 1 && s.ids[s.n - 1] == stop, "the stop id must be pending, not fed");
+    gen_seq_free(&s);
+    rig_close(&r);
+}
+
+int main(void) {
+    test_batch(0);
+    test_batch(1);
+    test_gen_batch();
+    return check_report("test_forward");
+}

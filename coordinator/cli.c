@@ -147,7 +147,7 @@ static const cli_flag FLAGS[] = {
     {"json", "FILE", CLI_STR, OFF(json_path), 0, 0, NULL, NULL,
      "`prompt_ids`, `generated_ids`, `generated_text`, `tf_pred`, `timing`, `peak_rss_bytes`, `n_workers`, "
      "per-worker `workers` stats; `timing.decode_tokens_per_s` is `decode_tokens` / `decode_s`: the tokens after the "
-     "first (the first comes from the prefill's logits; with `--full-recompute` every token)"},
+     "first (the first comes from the prefill's step, whose time is `prefill_s`)"},
     {"dump-logits", "FILE", CLI_STR, OFF(logits_path), 0, 0, NULL, NULL,
      "raw little-endian float32 logits, one row of `vocab_size` per position that predicts a token: positions "
      "`n_prompt-1 .. n_prompt+gen-2` (from 0 with `--teacher-force`)"},

@@ -41,10 +41,7 @@ void gen_request_release(gen_request *r) {
 }
 
 int sched_forward(engine *en, sched_seq *seqs, size_t n_seqs, k3_error *err) {
-    for (size_t i = 0; i < n_seqs; i++)
-        if (forward_chunk(en, seqs[i].st, seqs[i].tokens, seqs[i].n, seqs[i].logits_from, seqs[i].logits, err))
-            return -1;
-    return 0;
+    return forward_batch(en, seqs, n_seqs, err);
 }
 
 typedef struct {

@@ -99,17 +99,10 @@ void sched_stop(scheduler *s);
 /* sched_stop, then frees everything. NULL is fine. */
 void sched_destroy(scheduler *s);
 
-/* One sequence's part of a step: forward_batch's forward_seq (forward.h), field for field. */
-typedef struct {
-    seq_state *st;          /* tokens go at st->pos.., st->pos advances by n */
-    const int32_t *tokens;  /* n >= 1 */
-    size_t n;
-    size_t logits_from;     /* logits for rows logits_from..n-1 */
-    float *logits;          /* [(n - logits_from)][vocab], or NULL */
-} sched_seq;
-
-/* One forward call over several sequences with forward_batch's contract (every sequence's bits
- * equal forward_chunk on it alone). Until forward_batch is on main: forward_chunk per sequence. */
+/* One sequence's part of a step is forward.h's forward_seq. One forward call over several
+ * sequences: forward_batch (every sequence's bits equal forward_chunk on it alone; the trunk
+ * and each routed expert read once per step for the whole batch). */
+typedef forward_seq sched_seq;
 int sched_forward(engine *en, sched_seq *seqs, size_t n_seqs, k3_error *err);
 
 #endif

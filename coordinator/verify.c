@@ -155,13 +155,6 @@ static int add_shard(verifier *v, const char *name) {
 
 static int cmp_shard(const void *a, const void *b) { return strcmp(((const vshard *)a)->name, ((const vshard *)b)->name); }
 
-/* Which tensor of shard s has this name (linear; headers are small next to the data). */
-static const st_tensor *shard_tensor(const vshard *s, const char *name) {
-    for (size_t i = 0; i < s->f.n_tensors; i++)
-        if (!strcmp(s->f.tensors[i].name, name)) return &s->f.tensors[i];
-    return NULL;
-}
-
 typedef struct { const char *name; int shard; } name_ref;
 static int cmp_ref(const void *a, const void *b) { return strcmp(((const name_ref *)a)->name, ((const name_ref *)b)->name); }
 
@@ -184,14 +177,16 @@ static size_t check_structure(verifier *v, json_t **index_out) {
     if (wmap) {
         const char *k;
         json_t *val;
+        int last = -1;
         json_object_foreach(wmap, k, val) {
             const char *sn = json_string_value(val);
             if (!sn || !sn[0] || strchr(sn, '/') || !strcmp(sn, ".") || !strcmp(sn, "..")) {
                 add_problem(v, 0, -1, k, -1, UINT64_MAX, "model.safetensors.index.json: weight_map entry '%s' is not a plain shard file name", k);
                 continue;
             }
-            int i = add_shard(v, sn);
-            if (i >= 0) v->sh[i].in_index = 1;
+            if (last >= 0 && !strcmp(v->sh[last].name, sn)) continue; /* the index names few shards, in runs */
+            last = add_shard(v, sn);
+            if (last >= 0) v->sh[last].in_index = 1;
         }
     }
     DIR *d = opendir(v->dir);
@@ -240,13 +235,15 @@ static size_t check_structure(verifier *v, json_t **index_out) {
     if (wmap) {
         const char *k;
         json_t *val;
+        int si = -1;
         json_object_foreach(wmap, k, val) {
             const char *want = json_string_value(val);
-            int si = want ? shard_index(v, want) : -1;
+            if (!want) continue; /* already named: not a plain shard file name */
+            if (si < 0 || strcmp(v->sh[si].name, want)) si = shard_index(v, want);
             if (si < 0 || !v->sh[si].header_ok) continue; /* already named: missing or unreadable shard */
-            if (shard_tensor(&v->sh[si], k)) continue;
             name_ref key = {k, 0};
             name_ref *r = bsearch(&key, refs, nr, sizeof *refs, cmp_ref);
+            if (r && r->shard == si) continue;
             if (r) add_problem(v, 0, si, k, -1, UINT64_MAX, "index maps tensor '%s' to %s, but it is in %s", k, want, v->sh[r->shard].name);
             else add_problem(v, 0, si, k, -1, UINT64_MAX, "index maps tensor '%s' to %s, but no shard contains it", k, want);
         }

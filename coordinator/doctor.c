@@ -429,9 +429,11 @@ int doctor_run(const doctor_options *o) {
         /* open files: a process holds a buffered and an O_DIRECT descriptor per shard it reads, plus the in-process cache's */
         uint64_t need_fd = 3ull * (uint64_t)mf.n_shards + 64;
         if (mf.ckpt_ok && rn.rlim_cur != RLIM_INFINITY && rn.rlim_cur < need_fd)
-            problem(&pl, "ulimit -n is %llu but a process can hold %llu descriptors (3 per shard for %d shards + 64). Fix: ulimit -n %llu (hard limit %s)",
+            problem(&pl, "ulimit -n is %llu but a process can hold %llu descriptors (3 per shard for %d shards + 64). Fix: ulimit -n %llu%s",
                     (unsigned long long)rn.rlim_cur, (unsigned long long)need_fd, mf.n_shards, (unsigned long long)need_fd,
-                    limit_str(rn.rlim_max, b1, sizeof b1));
+                    rn.rlim_max != RLIM_INFINITY && rn.rlim_max < need_fd
+                        ? " after raising the hard limit (now below it: /etc/security/limits.conf nofile, or LimitNOFILE= for a systemd unit)"
+                        : "");
     }
     json_t *jmod = json_object();
     if (mf.have_model) {
@@ -512,7 +514,7 @@ int doctor_run(const doctor_options *o) {
                 problem(&pl, "85%% of MemAvailable (%.2f GiB) is below the floor of this model (%.2f GiB): k3 would refuse the budget. Fix: free memory or add RAM; the floor falls with a smaller --chunk and --max-context",
                         avail85 / GIB, all.floor / GIB);
             if (rv.rlim_cur != RLIM_INFINITY && rv.rlim_cur < want + (uint64_t)(1 + workers) * (1ull << 30))
-                problem(&pl, "ulimit -v (%.1f GiB) leaves no room for a %.1f GiB budget plus code and thread stacks. Fix: ulimit -v unlimited",
+                problem(&pl, "ulimit -v (%.1f GiB) leaves no room for a %.2f GiB budget plus code and thread stacks. Fix: ulimit -v unlimited",
                         rv.rlim_cur / GIB, gb);
             double est_gb = o->mem_gb > 0 ? o->mem_gb : gb; /* --mem-gb given: the estimate at that budget */
             uint64_t budget = (uint64_t)(est_gb * GIB);

@@ -5,7 +5,8 @@
 # scale byte 255, NaN in a BF16 trunk matrix, +Inf in an F32 vector, wrong digest with
 # --expect, index/shard mismatch, a shard the index does not know, a wrong shape) gives
 # exit 2 naming shard, tensor, element or offset; a copy with several damages names
-# EVERY one; usage errors give 2. --doctor exits 0 and prints the topology it sees.
+# EVERY one; usage errors give 2. --doctor exits 0, prints the topology it sees, and names
+# ulimit -n/-f/-v below what k3 needs and a --mem-gb below the floor with their fixes.
 # Env (from tests/run.sh): K3_BIN, PYTHON, K3_TEST_TMP.
 set -u
 cd "$(dirname "$0")/.."
@@ -151,6 +152,15 @@ EOF
 n=$((n+1))
 "$K3_BIN" --doctor "$MODEL" --mem-gb 0.001 >"$T/doc" 2>"$T/err"; rc=$?
 [ "$rc" -eq 0 ] && grep -q "PROBLEM: --mem-gb 0.00 is below the floor" "$T/doc" || bad "--doctor --mem-gb below the floor: exit $rc: $(tail -3 "$T/doc")"
+# problems named with their fix: limits below what k3 needs
+n=$((n+1))
+(ulimit -n 40; ulimit -f 100000; "$K3_BIN" --doctor "$MODEL") >"$T/doc" 2>"$T/err"; rc=$?
+[ "$rc" -eq 0 ] && grep -q "PROBLEM: ulimit -n is 40 but .*Fix: ulimit -n 73" "$T/doc" && grep -q "PROBLEM: ulimit -f is 100000 KiB.*Fix: ulimit -f unlimited" "$T/doc" ||
+  bad "--doctor with ulimit -n 40 -f 100000: exit $rc: $(grep PROBLEM "$T/doc") $(tail -2 "$T/err")"
+n=$((n+1))
+(ulimit -v 1500000; "$K3_BIN" --doctor "$MODEL") >"$T/doc" 2>"$T/err"; rc=$?
+[ "$rc" -eq 0 ] && grep -q "PROBLEM: ulimit -v (1.4 GiB) leaves no room.*Fix: ulimit -v unlimited" "$T/doc" ||
+  bad "--doctor with ulimit -v 1500000: exit $rc: $(grep PROBLEM "$T/doc") $(tail -2 "$T/err")"
 n=$((n+1))
 "$K3_BIN" --doctor configs/kimi-k3 >"$T/doc" 2>"$T/err" && grep -q "floor is" "$T/doc" || bad "--doctor configs/kimi-k3: $(cat "$T/doc" "$T/err" | tail -5)"
 

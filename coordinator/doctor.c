@@ -243,8 +243,8 @@ static void kernel_rates(const kernels *k, double *bf16_gbs, double *mxfp4_gbs) 
             memset(scales + r * cols / 32, 120, cols / 32);
         }
         for (size_t c = 0; c < cols; c++) x[c] = 1.0f / (float)(c + 1);
-        dense_weight dw = {DTYPE_BF16, rows, cols, w};
-        mxfp4_weight mw = {rows, cols, packed, scales};
+        dense_weight dw = {.dtype = DTYPE_BF16, .rows = rows, .cols = cols, .data = w};
+        mxfp4_weight mw = {.rows = rows, .cols = cols, .packed = packed, .scales = scales};
         for (int rep = 0; rep < 2; rep++) {
             double t0 = now_s();
             matmul_dense(k, &dw, x, 1, y);

@@ -1,22 +1,26 @@
 /* model.h - the trunk weights of a Kimi K3 checkpoint, validated against the config.
  *
- * model_load opens the checkpoint, checks EVERY trunk tensor's dtype and shape
- * against the config (F32 or BF16 accepted for any unquantised tensor) and every
- * routed expert's six MXFP4 tensors (workers/expert_store.h), all before the
- * first matmul. Nothing large is read here: every big matrix is recorded in a
- * trunk_unit (the tensors of one layer's attention, or of its FFN) whose bytes
- * the trunk streamer (trunk.h) reads into pinned memory or a streaming slot;
- * a dense_weight's data pointer is NULL except while its unit is acquired.
- * Tensors are registered in the order the layer code uses them.
- * Small vectors (norms, conv taps, biases, A_log) are read into owned float
- * arrays; the AttnRes norm*proj pair is folded into one double vector. The
- * embedding and lm head are located only (rows read on demand / in chunks). */
+ * model_load opens the checkpoint and walks the layer schema (common/layer_schema.h:
+ * every tensor's name, shape, dtype and place, written once): it checks EVERY
+ * trunk tensor's dtype and shape against the config (F32 or BF16 accepted for any
+ * unquantised tensor) and every routed expert's six MXFP4 tensors
+ * (workers/expert_store.h), all before the first matmul. Nothing large is read
+ * here: every big matrix is recorded in a trunk_unit (the schema's grouping of
+ * one layer's attention or FFN matrices) whose bytes the trunk streamer
+ * (trunk.h) reads into pinned memory or a streaming slot; a dense_weight's data
+ * pointer is NULL except while its unit is acquired. Small vectors (norms, conv
+ * taps, biases, A_log) are read into owned float arrays by one function
+ * (read_small in model.c); the AttnRes norm*proj pair is folded into one double
+ * vector. The embedding and lm head are located only (rows read on demand / in
+ * chunks). The layout (which tensors, their bytes, the units) is kept for the
+ * memory plan. */
 #ifndef K3_MODEL_H
 #define K3_MODEL_H
 
 #include "common/checkpoint.h"
 #include "common/config.h"
 #include "common/kernels.h"
+#include "common/layer_schema.h"
 #include "workers/expert_store.h"
 
 typedef struct {
@@ -42,11 +46,11 @@ typedef struct {
     mlp_weights shared;              /* fused shared experts */
 } moe_weights;
 
-#define UNIT_MAX_TENSORS 8
+#define UNIT_MAX_TENSORS LS_UNIT_MAX
 
-/* Big trunk tensors read and released together: consecutive tensors of one layer
- * part (attention or FFN) in the order the layer uses them, split so no unit is
- * larger than the largest single trunk matrix. */
+/* Big trunk tensors read and released together: one unit of the schema layout
+ * (ls_layout_group: consecutive tensors of one layer part in the order the layer
+ * uses them, no unit larger than the largest single trunk matrix). */
 typedef struct {
     int n;
     dense_weight *w[UNIT_MAX_TENSORS];   /* where each tensor's data pointer lives */
@@ -77,6 +81,7 @@ typedef struct {
     float *final_norm;               /* [E] */
     double *out_res_w;               /* folded output_attn_res_norm*proj */
     layer_weights *layers;
+    ls_layout layout;                /* every non-expert tensor: entry, bytes, unit (plan.c reads it) */
 } k3_model;
 
 int model_load(const char *dir, k3_model *m, k3_error *err);

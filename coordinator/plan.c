@@ -1,6 +1,5 @@
 /* plan.c - the memory plan (see plan.h). */
 #include "coordinator/plan.h"
-#include "coordinator/trunk.h"
 #include <stdlib.h>
 #include <string.h>
 
@@ -39,92 +38,48 @@ int plan_preset_bytes(const char *name, uint64_t *bytes) {
     return -1;
 }
 
-static uint64_t expert_bytes_of(const k3_config *c) {
-    uint64_t I = (uint64_t)c->moe_intermediate_size, L = (uint64_t)c->routed_expert_hidden_size;
-    return 3 * (I * (L / 2) + I * (L / 32)); /* w1, w3: [I, L]; w2: [L, I] (same byte count) */
-}
-
-/* Trunk matrices of layer l in the order the layer code uses them (BF16 bytes). */
-static int layer_tensors(const k3_config *c, int l, uint64_t *out) {
-    uint64_t E = (uint64_t)c->hidden_size, H = (uint64_t)c->kda_num_heads, D = (uint64_t)c->kda_head_dim, P = H * D;
-    uint64_t Hm = (uint64_t)c->num_attention_heads, qr = (uint64_t)c->q_lora_rank, kr = (uint64_t)c->kv_lora_rank;
-    uint64_t n = (uint64_t)c->qk_nope_head_dim, r = (uint64_t)c->qk_rope_head_dim, v = (uint64_t)c->v_head_dim;
-    uint64_t N = (uint64_t)c->num_experts, L = (uint64_t)c->routed_expert_hidden_size;
-    uint64_t Ish = (uint64_t)c->moe_intermediate_size * (uint64_t)c->num_shared_experts, Id = (uint64_t)c->intermediate_size;
-    int k = 0;
-    if (c->layer_is_mla[l]) {
-        out[k++] = qr * E; out[k++] = Hm * (n + r) * qr; out[k++] = (kr + r) * E;
-        if (c->mla_use_output_gate) out[k++] = Hm * v * E;
-        out[k++] = Hm * (n + v) * kr; out[k++] = E * Hm * v;
-    } else {
-        out[k++] = P * E; out[k++] = P * E; out[k++] = P * E; out[k++] = D * E; out[k++] = P * D; out[k++] = H * E;
-        out[k++] = P * E; out[k++] = E * P;
+/* The walk from the schema layout: each layer unit's buffer (every tensor gets
+ * ls_buffer_bytes, as the trunk reads it tensor by tensor), then the lm head in
+ * row chunks of at most the largest unit. The same code for a loaded model (its
+ * tensors' real bytes) and for the config alone (the release dtypes). */
+static int walk_from_layout(const k3_config *c, const ls_layout *lay, mem_plan *p, k3_error *err) {
+    uint64_t biggest = 0;
+    for (int u = 0; u < lay->n_units; u++) {
+        uint64_t b = 0;
+        for (int j = 0; j < lay->units[u].n; j++) b += ls_buffer_bytes(lay->items[lay->units[u].items[j]].bytes);
+        if (b > biggest) biggest = b;
     }
-    out[k++] = -1ull; /* part boundary */
-    if (c->layer_is_moe[l]) {
-        out[k++] = N * E; out[k++] = L * E; out[k++] = E * L;
-        if (Ish) { out[k++] = Ish * E; out[k++] = Ish * E; out[k++] = E * Ish; }
-    } else {
-        out[k++] = Id * E; out[k++] = Id * E; out[k++] = E * Id;
-    }
-    for (int i = 0; i < k; i++) if (out[i] != -1ull) out[i] *= 2;
-    return k;
-}
-
-/* Unit sizes from the config alone (BF16 trunk), grouped exactly as model.c does:
- * consecutive matrices of one layer part, no unit above the largest matrix. */
-static int config_walk(const k3_config *c, mem_plan *p, k3_error *err) {
-    int layers = c->num_hidden_layers;
-    uint64_t t[32], mx = 0;
-    for (int l = 0; l < layers; l++) {
-        int k = layer_tensors(c, l, t);
-        for (int i = 0; i < k; i++) if (t[i] != -1ull && t[i] > mx) mx = t[i];
-    }
-    uint64_t *units = malloc(32 * (size_t)layers * sizeof *units), biggest = 0;
-    if (!units) return k3_fail(err, "out of memory");
-    int nu = 0;
-    for (int l = 0; l < layers; l++) {
-        int k = layer_tensors(c, l, t);
-        uint64_t raw = 0, reg = 0;
-        for (int i = 0; i <= k; i++) {
-            int boundary = i == k || t[i] == -1ull;
-            if (!boundary && (raw == 0 || raw + t[i] <= mx)) { raw += t[i]; reg += RU(t[i] + 2 * PAGE); continue; }
-            if (raw) { units[nu++] = reg; if (reg > biggest) biggest = reg; }
-            raw = reg = 0;
-            if (!boundary) { raw = t[i]; reg = RU(t[i] + 2 * PAGE); }
-        }
-    }
-    uint64_t V = (uint64_t)c->vocab_size, row = 2 * (uint64_t)c->hidden_size;
-    p->lm_chunk_rows = (size_t)(biggest / row ? biggest / row : 1);
+    uint64_t V = (uint64_t)c->vocab_size;
+    if (lay->lm_head_item < 0 || !V) return k3_fail(err, "internal: the layout has no lm head");
+    uint64_t row = lay->items[lay->lm_head_item].bytes / V; /* bytes of one lm-head row */
+    p->lm_chunk_rows = (size_t)(row && biggest / row ? biggest / row : 1);
     if (p->lm_chunk_rows > V) p->lm_chunk_rows = (size_t)V;
     uint64_t n_lm = (V + p->lm_chunk_rows - 1) / p->lm_chunk_rows;
-    p->n_walk = nu + (int)n_lm;
+    p->n_walk = lay->n_units + (int)n_lm;
     p->walk_bytes = malloc((size_t)p->n_walk * sizeof *p->walk_bytes);
-    if (!p->walk_bytes) { free(units); return k3_fail(err, "out of memory"); }
-    memcpy(p->walk_bytes, units, (size_t)nu * sizeof *units);
-    free(units);
+    if (!p->walk_bytes) return k3_fail(err, "out of memory");
+    for (int u = 0; u < lay->n_units; u++) {
+        uint64_t b = 0;
+        for (int j = 0; j < lay->units[u].n; j++) b += ls_buffer_bytes(lay->items[lay->units[u].items[j]].bytes);
+        p->walk_bytes[u] = b;
+    }
     for (uint64_t i = 0; i < n_lm; i++) {
         uint64_t rows = V - i * p->lm_chunk_rows < p->lm_chunk_rows ? V - i * p->lm_chunk_rows : p->lm_chunk_rows;
-        p->walk_bytes[nu + i] = RU(rows * row + 2 * PAGE);
+        p->walk_bytes[lay->n_units + i] = ls_buffer_bytes(rows * row);
     }
     return 0;
 }
 
-static int model_walk(const k3_model *m, mem_plan *p, k3_error *err) {
-    uint64_t mx = 0;
-    for (int i = 0; i < m->n_units; i++) {
-        uint64_t b = trunk_walk_unit_bytes(m, 1, i);
-        if (b > mx) mx = b;
+/* Resident small vectors: the float arrays the loader reads (a folded AttnRes
+ * pair is one double vector), plus the expert location table. */
+static uint64_t small_bytes_of(const k3_config *c, const ls_layout *lay) {
+    uint64_t b = 0;
+    for (int i = 0; i < lay->n_items; i++) {
+        ls_place pl = lay->items[i].t->place;
+        if (pl == LS_SMALL || pl == LS_SMALL_PREFIX) b += lay->items[i].numel * sizeof(float);
+        if (pl == LS_FOLD_PROJ) b += lay->items[i].numel * sizeof(double);
     }
-    uint64_t row = (uint64_t)m->cfg.hidden_size * (m->lm_head.dtype == DTYPE_F32 ? 4 : 2);
-    size_t V = (size_t)m->cfg.vocab_size;
-    p->lm_chunk_rows = (size_t)(mx / row ? mx / row : 1);
-    if (p->lm_chunk_rows > V) p->lm_chunk_rows = V;
-    p->n_walk = trunk_walk_units(m, p->lm_chunk_rows);
-    p->walk_bytes = malloc((size_t)p->n_walk * sizeof *p->walk_bytes);
-    if (!p->walk_bytes) return k3_fail(err, "out of memory");
-    for (int i = 0; i < p->n_walk; i++) p->walk_bytes[i] = trunk_walk_unit_bytes(m, p->lm_chunk_rows, i);
-    return 0;
+    return b + (uint64_t)c->num_hidden_layers * (uint64_t)c->num_experts * sizeof(expert_loc);
 }
 
 int plan_make(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t budget, int W, size_t T, size_t ctx,
@@ -134,7 +89,14 @@ int plan_make(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t budge
     p->n_workers = W;
     p->chunk = T;
     p->max_context = ctx;
-    if (m ? model_walk(m, p, err) : config_walk(c, p, err)) return -1;
+    ls_layout own = {0};
+    const ls_layout *lay = m ? &m->layout : &own;
+    if (!m && (ls_layout_build(c, &own, err) || ls_layout_group(&own, err))) { ls_layout_free(&own); return -1; }
+    int rc = walk_from_layout(c, lay, p, err);
+    uint64_t n_items = (uint64_t)lay->n_items;
+    p->small_bytes = small_bytes_of(c, lay);
+    ls_layout_free(&own);
+    if (rc) return -1;
     uint64_t E = (uint64_t)c->hidden_size, H = (uint64_t)c->kda_num_heads, D = (uint64_t)c->kda_head_dim, P = H * D;
     uint64_t K = (uint64_t)c->short_conv_kernel_size, N = (uint64_t)c->num_experts, k = (uint64_t)c->num_experts_per_token;
     uint64_t L = (uint64_t)c->routed_expert_hidden_size, I = (uint64_t)c->moe_intermediate_size;
@@ -145,10 +107,8 @@ int plan_make(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t budge
     for (int l = 0; l < c->num_hidden_layers; l++) { n_mla += c->layer_is_mla[l]; n_moe += c->layer_is_moe[l]; }
     uint64_t n_kda = layers - n_mla;
     /* the tensor index (names, shapes) held by every process; ~300 B per tensor while parsing */
-    uint64_t n_tensors = layers * 40 + n_moe * N * 6;
+    uint64_t n_tensors = n_items + n_moe * N * LS_EXPERT_NT;
     p->process_bytes = PLAN_PROCESS_BYTES + n_tensors * 300;
-    p->small_bytes = layers * (2 * E * 4 + 2 * E * 8) + n_kda * (3 * P * K + P + H + D) * 4 + n_mla * (qr + kr) * 4 +
-                     n_moe * (N + L) * 4 + E * 12 + layers * N * 80;
     uint64_t cap = 64;
     while (cap < ctx) cap *= 2;
     p->state_bytes = n_kda * (H * D * D + 3 * (K - 1) * P) * 4 + n_mla * cap * (kr + rope) * 4;
@@ -164,7 +124,7 @@ int plan_make(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t budge
     uint64_t ring_one = 2 * (RU(256 + 12 * pairs) + RU(Tn * L * 4) + RU(pairs * L * 4) + 256) + PAGE;
     p->ring_bytes = W ? (uint64_t)W * ring_one * 2 : 0; /* mapped by both sides: counted twice */
     p->worker_scratch_bytes = W ? (uint64_t)W * (pairs * 4 * (2 * L + 2 * I) + pairs * 16 + Tn * L * 4) : 0;
-    p->expert_slot_bytes = RU(expert_bytes_of(c) + 2 * PAGE + PAGE - 1);
+    p->expert_slot_bytes = ls_buffer_bytes(ls_expert_bytes(c)); /* = expert_cache_slot_bytes: one slot, one size */
     p->n_experts_total = n_moe * N;
     p->slot_bytes = 0;
     for (int i = 0; i < p->n_walk; i++) {

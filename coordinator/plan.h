@@ -7,9 +7,13 @@
  * slots, and at least one expert slot per server; that sum is the FLOOR, and a
  * budget below it is refused with the floor in the message. What is left pins a
  * prefix of the trunk walk (every pinned byte saves a read per token), then goes
- * to the expert caches. Sizes come from the loaded checkpoint's tensors, or from
- * the config alone (BF16 trunk, MXFP4 experts) for --plan-only. The same ids come
- * out at every budget: the plan changes only what is resident. */
+ * to the expert caches. The walk (units and their buffers), the small vectors and
+ * the expert slot size come from the layer schema's layout (common/layer_schema.h):
+ * the loaded model's (its tensors' real bytes) or, for --plan-only, one built from
+ * the config alone (the release dtypes); the same code sizes both, so the two
+ * print the same plan for a release-dtype checkpoint, and an expert slot is the
+ * expert cache's slot (expert_cache_slot_bytes). The same ids come out at every
+ * budget: the plan changes only what is resident. */
 #ifndef K3_PLAN_H
 #define K3_PLAN_H
 

@@ -2,6 +2,7 @@
  * The policies are modelled exactly by scripts/sim_expert_cache.py (same tie rules, same arithmetic). */
 #define _GNU_SOURCE
 #include "workers/expert_cache.h"
+#include "common/layer_schema.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -66,7 +67,7 @@ struct expert_cache {
 };
 
 uint64_t expert_cache_slot_bytes(const expert_store *st) {
-    return (st->expert_bytes + 2 * IO_ALIGN + IO_ALIGN - 1) / IO_ALIGN * IO_ALIGN;
+    return ls_buffer_bytes(st->expert_bytes); /* the size the memory plan gives a slot */
 }
 
 expert_cache *expert_cache_create(const expert_store *st, checkpoint *ck, uint64_t budget, int node, k3_error *err) {

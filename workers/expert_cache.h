@@ -1,6 +1,7 @@
 /* expert_cache.h - one expert server's cache of routed experts, with its own reader.
  *
- * A byte budget buys n_slots slots of expert_bytes + 2 * alignment bytes each.
+ * A byte budget buys n_slots slots of expert_cache_slot_bytes each (the expert's
+ * bytes in an aligned window: ls_buffer_bytes, the size the memory plan uses).
  * A slot is EMPTY, READING or READY; a READY slot may be pinned (in use, or
  * prefetched and not yet used). Eviction takes a READY slot that is not pinned,
  * chosen by the cache policy (below); never a READING or pinned slot, and an

@@ -1,23 +1,14 @@
 /* expert_store.c - locate and validate routed experts (see expert_store.h). */
 #include "workers/expert_store.h"
+#include "common/layer_schema.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const PART_NAME[EXPERT_NT] = {
-    "w1.weight_packed", "w1.weight_scale", "w2.weight_packed", "w2.weight_scale", "w3.weight_packed", "w3.weight_scale",
-};
-
-static int check_u8(const ckpt_entry *e, const char *name, uint64_t rows, uint64_t cols, k3_error *err) {
-    const st_tensor *t = e->t;
-    if (t->dtype != ST_U8)
-        return k3_fail(err, "tensor '%s': dtype %s, expected U8 (packed MXFP4)", name, st_dtype_name(t->dtype));
-    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols)
-        return k3_fail(err, "tensor '%s': shape [%llu, %llu] (ndim %d), expected [%llu, %llu]", name,
-                       (unsigned long long)(t->ndim > 0 ? t->shape[0] : 0), (unsigned long long)(t->ndim > 1 ? t->shape[1] : 0),
-                       t->ndim, (unsigned long long)rows, (unsigned long long)cols);
-    return 0;
-}
+/* expert_loc.t[] index of each row of the schema's expert table (its `field`). */
+#define PART_INDEX(field, ...) field,
+static const int PART[LS_EXPERT_NT] = {LS_EXPERT_TENSORS(PART_INDEX)};
+_Static_assert(LS_EXPERT_NT == EXPERT_NT, "the schema's expert table and expert_loc.t[] disagree");
 
 int expert_store_open(expert_store *st, checkpoint *ck, const k3_config *cfg,
                       int (*want)(int layer, int expert, void *ctx), void *ctx, k3_error *err) {
@@ -28,24 +19,23 @@ int expert_store_open(expert_store *st, checkpoint *ck, const k3_config *cfg,
     st->L = (size_t)cfg->routed_expert_hidden_size;
     st->loc = calloc((size_t)st->n_layers * (size_t)st->n_experts, sizeof *st->loc);
     if (!st->loc) return k3_fail(err, "out of memory for the expert table");
-    const uint64_t I = st->I, L = st->L;
-    /* rows, cols (logical) of w1, w2, w3 */
-    const uint64_t rows[3] = {I, L, I}, cols[3] = {L, I, L};
-    st->expert_bytes = 0;
-    for (int m = 0; m < 3; m++) st->expert_bytes += rows[m] * (cols[m] / 2) + rows[m] * (cols[m] / 32);
+    const ls_table *tb = ls_table_get(LS_EXPERT);
+    st->expert_bytes = ls_expert_bytes(cfg);
     char name[512];
     for (int l = 0; l < st->n_layers; l++) {
         if (!cfg->layer_is_moe[l]) continue;
         for (int e = 0; e < st->n_experts; e++) {
             if (want && !want(l, e, ctx)) continue;
             expert_loc *loc = &st->loc[(size_t)l * st->n_experts + e];
-            for (int p = 0; p < EXPERT_NT; p++) {
-                snprintf(name, sizeof name, "language_model.model.layers.%d.block_sparse_moe.experts.%d.%s", l, e, PART_NAME[p]);
+            for (int r = 0; r < tb->n; r++) {
+                if (ls_tensor_name(tb, &tb->rows[r], l, e, name, sizeof name)) {
+                    expert_store_free(st);
+                    return k3_fail(err, "internal: expert tensor name too long");
+                }
                 const ckpt_entry *ce = checkpoint_find(ck, name);
                 if (!ce) { expert_store_free(st); return k3_fail(err, "missing tensor '%s' (a checkpoint must hold every expert)", name); }
-                int m = p / 2;
-                if (check_u8(ce, name, rows[m], p % 2 ? cols[m] / 32 : cols[m] / 2, err)) { expert_store_free(st); return -1; }
-                loc->t[p] = ce;
+                if (ls_check(cfg, &tb->rows[r], ce, err)) { expert_store_free(st); return -1; }
+                loc->t[PART[r]] = ce;
             }
             loc->contiguous = 1;
             for (int p = 1; p < EXPERT_NT; p++)

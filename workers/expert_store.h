@@ -1,9 +1,10 @@
 /* expert_store.h - where each routed expert lives in the checkpoint.
  *
- * For every MoE layer and expert, the six MXFP4 tensors
- * `...block_sparse_moe.experts.E.{w1,w2,w3}.{weight_packed,weight_scale}`
- * are located and checked against the config (w1/w3 logical [I, L], w2 [L, I];
- * packed [rows, cols/2] U8, scale [rows, cols/32] U8) before any compute.
+ * For every MoE layer and expert, the six MXFP4 tensors of the layer schema's
+ * expert table (common/layer_schema.h: names
+ * `...block_sparse_moe.experts.E.{w1,w2,w3}.{weight_packed,weight_scale}`,
+ * w1/w3 logical [I, L], w2 [L, I]; packed [rows, cols/2] U8, scale
+ * [rows, cols/32] U8) are located and checked against the config before any compute.
  * When the six tensors form one contiguous byte run in one shard in the release
  * order (w1.p, w1.s, w2.p, w2.s, w3.p, w3.s) the run is recorded so a reader can
  * fetch the expert with one pread. Used by the in-process path and k3-expertd. */

@@ -15,6 +15,7 @@
  * when serving request number `after`, in its first `lives` lives (default 1). */
 #define _GNU_SOURCE
 #include "common/config.h"
+#include "common/layer_schema.h"
 #include "common/ring.h"
 #include "common/wire.h"
 #include "workers/expert_cache.h"
@@ -67,10 +68,8 @@ static int owns(int layer, int expert, void *ctx) {
 
 /* Keeps only tensor names of experts this worker owns. */
 static int keep_tensor(const char *name, void *ctx) {
-    int layer, expert, n = 0;
-    if (sscanf(name, "language_model.model.layers.%d.block_sparse_moe.experts.%d.%n", &layer, &expert, &n) == 2 && n > 0)
-        return owns(layer, expert, ctx);
-    return 0;
+    int layer, expert;
+    return ls_expert_name_parse(name, &layer, &expert) && owns(layer, expert, ctx);
 }
 
 static int setup(server *sv, int ring_fd, wire_ready *ready, k3_error *err) {

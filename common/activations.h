@@ -1,4 +1,4 @@
-/* activations.h - the small exact pieces of the model math (K3-MODEL.md 4.1).
+/* activations.h - the small exact pieces of the model math (docs/MODEL.md 4.1).
  * Scalar code shared by every path, so every path computes the same bits.
  * Sums run in double, sequentially in index order. */
 #ifndef K3_ACTIVATIONS_H

@@ -1,4 +1,4 @@
-/* config.h - the Kimi K3 model configuration (K3-MODEL.md section 1).
+/* config.h - the Kimi K3 model configuration (docs/MODEL.md section 1).
  *
  * config_load reads config.json in the nested release layout (text_config,
  * text_config.linear_attn_config) or flat (all keys at the root). Every field

@@ -1,6 +1,6 @@
 /* kernels.h - the exact compute kernels of k3 (matrix-vector / small matrix-matrix).
  *
- * Contract (K3-MODEL.md section 3):
+ * Contract (docs/MODEL.md section 3):
  *  - Every dot product y = sum_i w_i * x_i uses ONE fixed partition, whatever the
  *    SIMD level, thread count or number of tokens:
  *      each product p_i = (double)w_i * (double)x_i is computed in double (exact:

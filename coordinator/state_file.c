@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-/* What changes bits beyond the config: the numerics contract of K3-MODEL.md section 3 as this
+/* What changes bits beyond the config: the numerics contract of docs/MODEL.md section 3 as this
  * engine implements it. Change the string when any kernel, norm or accumulation order changes. */
 #define STATE_NUMERICS_ID \
     "k3 numerics 1: dot products 8 double lanes ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)); other sums sequential " \

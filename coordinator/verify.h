@@ -16,7 +16,7 @@
  *    system accepts it, 8 MiB aligned reads, several threads in flight); every
  *    F32/BF16/F16/F64 element must be finite, every MXFP4 scale byte (U8 tensors
  *    named *weight_scale) must not be 255 (NaN in OCP MXFP4; the engine refuses
- *    it, K3-MODEL.md section 2); a read error names the shard and offset;
+ *    it, docs/MODEL.md section 2); a read error names the shard and offset;
  *  - with sha256, each shard's SHA-256 (printed in sha256sum format); with
  *    expect_path (sha256sum format, implies sha256), each digest compared: a
  *    listed file that is missing or differs, and a shard with no listed digest,

@@ -167,6 +167,17 @@ int plan_make(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t budge
     return 0;
 }
 
+int plan_set_expert_cache(mem_plan *p, uint64_t bytes, k3_error *err) {
+    if (bytes < p->expert_slot_bytes)
+        return k3_fail(err, "an expert cache of %llu bytes is below one expert slot (%llu bytes)", (unsigned long long)bytes,
+                       (unsigned long long)p->expert_slot_bytes);
+    uint64_t servers = p->n_workers ? (uint64_t)p->n_workers : 1;
+    uint64_t cache = bytes / p->expert_slot_bytes * p->expert_slot_bytes;
+    p->total = p->total - servers * p->expert_cache_per_worker + servers * cache;
+    p->expert_cache_per_worker = cache;
+    return 0;
+}
+
 void plan_free(mem_plan *p) {
     free(p->walk_bytes);
     p->walk_bytes = NULL;

@@ -46,6 +46,10 @@ typedef struct {
 /* From a loaded model (real tensor sizes) or, with m == NULL, from cfg alone. */
 int plan_make(mem_plan *p, const k3_config *cfg, const k3_model *m, uint64_t budget, int n_workers, size_t chunk,
               size_t max_context, k3_error *err);
+/* --expert-cache-mb: every server's cache is `bytes` (whole slots of expert_slot_bytes:
+ * exactly what expert_cache_create makes of them) instead of the budget's share;
+ * total follows. Refused (naming the minimum) below one slot. */
+int plan_set_expert_cache(mem_plan *p, uint64_t bytes, k3_error *err);
 void plan_free(mem_plan *p);
 void plan_print(const mem_plan *p, const k3_config *cfg, FILE *f);
 

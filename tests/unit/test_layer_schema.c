@@ -8,7 +8,8 @@
  *    (walk, slot, small vectors, floor, expert slots) at several budgets;
  *  - the plan's unit bytes are what the trunk allocates (trunk_walk_unit_bytes);
  *  - an expert cache given the plan's per-server bytes gets exactly the plan's
- *    experts per server (one slot size: expert_cache_slot_bytes).
+ *    experts per server (one slot size: expert_cache_slot_bytes), also when the
+ *    size is the user's (plan_set_expert_cache, --expert-cache-mb).
  * Run from the repository root. */
 #include "common/layer_schema.h"
 #include "coordinator/plan.h"
@@ -149,6 +150,17 @@ static void test_model(const char *dir) {
                       "%s: cache of %llu bytes has %zu slots, the plan says %llu", dir, (unsigned long long)b.expert_cache_per_worker,
                       cache ? expert_cache_slots(cache) : 0, (unsigned long long)(b.expert_cache_per_worker / b.expert_slot_bytes));
                 expert_cache_free(cache);
+                /* --expert-cache-mb: the plan takes the user's bytes; the cache makes the same slots of them */
+                uint64_t user = 3 * b.expert_slot_bytes + b.expert_slot_bytes / 2, total0 = b.total, per0 = b.expert_cache_per_worker;
+                CHECK(!plan_set_expert_cache(&b, user, &ec), "%s: plan_set_expert_cache: %s", dir, ec.msg);
+                cache = expert_cache_create(&m.experts, &m.ck, user, -1, &ec);
+                CHECK(cache && expert_cache_slots(cache) == 3 && b.expert_cache_per_worker / b.expert_slot_bytes == 3 &&
+                          b.total == total0 - (w ? (uint64_t)w : 1) * (per0 - 3 * b.expert_slot_bytes),
+                      "%s: --expert-cache-mb: %zu slots, plan %llu", dir, cache ? expert_cache_slots(cache) : 0,
+                      (unsigned long long)(b.expert_cache_per_worker / b.expert_slot_bytes));
+                expert_cache_free(cache);
+                CHECK(plan_set_expert_cache(&b, b.expert_slot_bytes - 1, &ec) == -1 && strstr(ec.msg, "below one expert slot"),
+                      "%s: a cache below one slot must be refused", dir);
             }
             if (!ra) plan_free(&a);
             if (!rb) plan_free(&b);

@@ -1,5 +1,8 @@
 /* checkpoint.c - shard discovery, index cross-check, name lookup, lazy mapping. */
 #include "common/checkpoint.h"
+#include "common/file_read.h"
+#include "common/kernels.h"
+#include <math.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -57,7 +60,11 @@ int checkpoint_open_filtered(const char *dir, int (*keep)(const char *name, void
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     if (access(path, F_OK) == 0) {
         json_error_t jerr;
-        index = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+        size_t ilen;
+        char *itext = file_read_all(path, 256u << 20, &ilen, err); /* regular files only: a FIFO never blocks us */
+        if (!itext) goto out;
+        index = json_loadb(itext, ilen, JSON_REJECT_DUPLICATES, &jerr);
+        free(itext);
         if (!index) { k3_fail(err, "%s: invalid JSON at line %d: %s", path, jerr.line, jerr.text); goto out; }
         wmap = json_object_get(index, "weight_map");
         if (!json_is_object(wmap)) { k3_fail(err, "%s: missing or non-object 'weight_map'", path); goto out; }
@@ -156,8 +163,8 @@ const ckpt_entry *checkpoint_find(const checkpoint *ck, const char *name) {
 int checkpoint_shard_fd(checkpoint *ck, int shard, k3_error *err) {
     ckpt_shard *s = &ck->shards[shard];
     if (s->fd < 0) {
-        s->fd = open(s->file.path, O_RDONLY | O_CLOEXEC);
-        if (s->fd < 0) return k3_fail(err, "%s: cannot open: %s", s->file.path, strerror(errno));
+        s->fd = file_open_regular(s->file.path, 0, err);
+        if (s->fd < 0) return -1;
         off_t size = lseek(s->fd, 0, SEEK_END);
         if (size < 0 || (uint64_t)size != s->file.file_size) {
             close(s->fd);
@@ -195,4 +202,63 @@ const void *checkpoint_data(checkpoint *ck, const ckpt_entry *e, k3_error *err) 
         s->map = m;
     }
     return (const char *)s->map + e->t->begin;
+}
+
+float *checkpoint_read_floats(checkpoint *ck, const ckpt_entry *e, size_t n, k3_error *err) {
+    const st_tensor *t = e->t;
+    if (t->dtype != ST_F32 && t->dtype != ST_BF16) {
+        k3_fail(err, "tensor '%s': dtype %s, expected F32 or BF16", e->name, st_dtype_name(t->dtype));
+        return NULL;
+    }
+    size_t es = t->dtype == ST_F32 ? 4 : 2, numel = (size_t)((t->end - t->begin) / es);
+    if (n > numel) { k3_fail(err, "tensor '%s': %zu values, need %zu", e->name, numel, n); return NULL; }
+    void *raw = malloc(numel ? numel * es : 1);
+    float *out = malloc(n ? n * sizeof *out : 1);
+    if (!raw || !out) { free(raw); free(out); k3_fail(err, "out of memory reading tensor '%s'", e->name); return NULL; }
+    if (checkpoint_read(ck, e, 0, raw, numel * es, err)) { free(raw); free(out); return NULL; }
+    for (size_t i = 0; i < numel; i++) {
+        float v;
+        if (es == 4) memcpy(&v, (const char *)raw + 4 * i, 4);
+        else { uint16_t b; memcpy(&b, (const char *)raw + 2 * i, 2); v = bf16_to_f32(b); }
+        if (!isfinite(v)) {
+            k3_fail(err, "tensor '%s' (%s): element %zu is %s: refusing non-finite weights", e->name,
+                    ck->shards[e->shard].file.path, i, isnan(v) ? "NaN" : v > 0 ? "+Inf" : "-Inf");
+            free(raw);
+            free(out);
+            return NULL;
+        }
+        if (i < n) out[i] = v;
+    }
+    free(raw);
+    return out;
+}
+
+size_t floats_first_nonfinite(const void *p, st_dtype dt, size_t n) {
+    const unsigned char *b = p;
+    if (dt == ST_BF16) { /* exponent all ones */
+        size_t i = 0;
+        for (; i + 64 <= n; i += 64) { /* branch-free block test; the loop vectorises */
+            unsigned bad = 0;
+            for (size_t j = 0; j < 64; j++) {
+                uint16_t v;
+                memcpy(&v, b + 2 * (i + j), 2);
+                bad |= (v & 0x7f80u) == 0x7f80u;
+            }
+            if (bad) break;
+        }
+        for (; i < n; i++) {
+            uint16_t v;
+            memcpy(&v, b + 2 * i, 2);
+            if ((v & 0x7f80u) == 0x7f80u) return i;
+        }
+        return n;
+    }
+    if (dt == ST_F32) {
+        for (size_t i = 0; i < n; i++) {
+            uint32_t v;
+            memcpy(&v, b + 4 * i, 4);
+            if ((v & 0x7f800000u) == 0x7f800000u) return i;
+        }
+    }
+    return n;
 }

@@ -47,6 +47,15 @@ const ckpt_entry *checkpoint_find(const checkpoint *ck, const char *name);
 /* Reads len bytes at byte offset off inside tensor e into dst (buffered pread);
  * a short read names the shard and offset. */
 int checkpoint_read(checkpoint *ck, const ckpt_entry *e, uint64_t off, void *dst, size_t len, k3_error *err);
+/* The one reader of small float tensors (norms, biases, conv kernels, A_log,
+ * AttnRes vectors): reads ALL values of F32 or BF16 tensor e, refuses any NaN or
+ * Inf naming the tensor and the element index, and returns the first n values
+ * as floats in a new malloc'd array (n <= numel). NULL + err on failure. */
+float *checkpoint_read_floats(checkpoint *ck, const ckpt_entry *e, size_t n, k3_error *err);
+/* The check of the big F32/BF16 matrices (trunk units, lm_head chunks, embedding
+ * rows), made where their bytes are read anyway: index of the first NaN or Inf
+ * among the n values of dtype F32 or BF16 at p, or n when all are finite. */
+size_t floats_first_nonfinite(const void *p, st_dtype dt, size_t n);
 /* Pointer to the tensor's bytes (maps the shard on first use); NULL + err on failure. */
 const void *checkpoint_data(checkpoint *ck, const ckpt_entry *e, k3_error *err);
 /* The shard's path and an open read-only fd (for pread/O_DIRECT readers). */

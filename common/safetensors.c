@@ -1,5 +1,6 @@
 /* safetensors.c - safetensors header parsing and validation (see safetensors.h). */
 #include "common/safetensors.h"
+#include "common/file_read.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
@@ -114,8 +115,8 @@ out:
 
 int safetensors_open(const char *path, st_file *f, k3_error *err) {
     memset(f, 0, sizeof *f);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return k3_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    int fd = file_open_regular(path, 0, err); /* a FIFO, directory or device is refused by name */
+    if (fd < 0) return -1;
     struct stat st;
     if (fstat(fd, &st) != 0) { close(fd); return k3_fail(err, "%s: cannot stat: %s", path, strerror(errno)); }
     uint64_t size = (uint64_t)st.st_size;

@@ -50,8 +50,9 @@ size_t moe_scratch_bytes(const k3_config *c, size_t R);
 
 /* Selection for one token (exposed for tests): scores s_e = sigmoid(logit_e);
  * top-k over s_e + bias_e (ties: lower id), descending; weights from the
- * UNBIASED s, renormalised and scaled per config. */
-void moe_route(const k3_config *c, const float *router_logits, const float *bias, int32_t *ids, double *weights);
+ * UNBIASED s, renormalised and scaled per config. Returns 0, or -1-e when
+ * expert e's logit or biased score is not finite (a NaN is never compared). */
+int moe_route(const k3_config *c, const float *router_logits, const float *bias, int32_t *ids, double *weights);
 
 /* acc[i] = sum_j weights[j] * y[j][i], summed in double in top-k order (j = 0..K-1). */
 void moe_combine(const double *weights, const float *y, size_t K, size_t L, float *acc);

@@ -305,7 +305,7 @@ static int prompt_ids(const options *o, const tokenizer *tok, int32_t **ids, siz
     }
     size_t len = strlen(o->prompt ? o->prompt : "");
     k3_error fe = {0};
-    char *text = o->prompt ? strdup(o->prompt) : file_read_all(o->prompt_file, (size_t)1 << 30, &len, &fe);
+    char *text = o->prompt ? strdup(o->prompt) : file_read_stream(o->prompt_file, (size_t)1 << 30, &len, &fe);
     if (!text) { fprintf(stderr, "k3: %s\n", fe.set ? fe.msg : "out of memory"); return EXIT_USAGE; }
     char e[512];
     int rc = tokenizer_encode(tok, text, len, 1, ids, n, e, sizeof e);

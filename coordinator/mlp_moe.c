@@ -49,11 +49,12 @@ out:
 /* a ranks before b: higher key, or equal key and lower id. */
 static int ranks_before(double ka, int a, double kb, int b) { return ka > kb || (ka == kb && a < b); }
 
-void moe_route(const k3_config *c, const float *logits, const float *bias, int32_t *ids, double *weights) {
+int moe_route(const k3_config *c, const float *logits, const float *bias, int32_t *ids, double *weights) {
     int K = c->num_experts_per_token, n = 0;
     double *kk = weights; /* reuse weights[] as the key list while selecting */
     for (int e = 0; e < c->num_experts; e++) {
         double key = sigmoid_d(logits[e]) + (double)bias[e];
+        if (!isfinite(logits[e]) || !isfinite(key)) return -1 - e; /* never rank a NaN or an Inf */
         if (n == K && !ranks_before(key, e, kk[K - 1], ids[K - 1])) continue;
         int pos = n < K ? n++ : K - 1;
         while (pos > 0 && ranks_before(key, e, kk[pos - 1], ids[pos - 1])) {
@@ -73,6 +74,7 @@ void moe_route(const k3_config *c, const float *logits, const float *bias, int32
         if (c->moe_renormalize && K > 1) weights[j] /= (sum + 1e-20);
         weights[j] *= c->routed_scaling_factor;
     }
+    return 0;
 }
 
 void moe_combine(const double *weights, const float *y, size_t K, size_t L, float *acc) {
@@ -121,7 +123,11 @@ int moe_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const moe_
     /* 1-3: router on the FULL-width input */
     if (trunk_matmul(tp, k, &w->router, x, R, B.logits, err)) goto out;
     for (size_t t = 0; t < R; t++) {
-        moe_route(c, B.logits + t * N, w->router_bias, B.pexp + t * K, B.wts + t * K);
+        int bad = moe_route(c, B.logits + t * N, w->router_bias, B.pexp + t * K, B.wts + t * K);
+        if (bad) {
+            k3_fail(err, "layer %d: non-finite router score for expert %d (token %zu of the batch): refusing to route", layer, -1 - bad, t);
+            goto out;
+        }
         for (size_t j = 0; j < K; j++) B.ptok[t * K + j] = (int32_t)t;
         if (trace) memcpy(trace + t * K, B.pexp + t * K, K * sizeof *trace);
     }

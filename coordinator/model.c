@@ -27,19 +27,10 @@ static void *field_of(k3_model *m, const ls_item *it) {
 
 /* THE reader of small vectors: the first n values of a small F32/BF16 tensor
  * into a new float array (every norm, bias, conv tap, A_log and AttnRes vector
- * comes through here). */
+ * comes through here); checkpoint_read_floats refuses a NaN or Inf anywhere in
+ * the tensor, naming it and the element. */
 static float *read_small(checkpoint *ck, const ckpt_entry *e, size_t n, k3_error *err) {
-    size_t es = e->t->dtype == ST_F32 ? 4 : 2;
-    float *out = malloc((n ? n : 1) * sizeof *out);
-    void *raw = malloc((n ? n : 1) * es);
-    if (!out || !raw) { free(out); free(raw); k3_fail(err, "out of memory reading tensor '%s'", e->name); return NULL; }
-    if (checkpoint_read(ck, e, 0, raw, n * es, err)) { free(out); free(raw); return NULL; }
-    for (size_t i = 0; i < n; i++) {
-        if (es == 4) memcpy(&out[i], (const char *)raw + 4 * i, 4);
-        else { uint16_t b; memcpy(&b, (const char *)raw + 2 * i, 2); out[i] = bf16_to_f32(b); }
-    }
-    free(raw);
-    return out;
+    return checkpoint_read_floats(ck, e, n, err);
 }
 
 /* Locates, checks and (small vectors) reads one layout item into its field.

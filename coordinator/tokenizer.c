@@ -24,10 +24,12 @@ static void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute_
 static void set_err(char *err, size_t errlen, const char *fmt, ...)
 {
     if (!err || errlen == 0) return;
+    char raw[1024];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err, errlen, fmt, ap);
+    int n = vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    k3_escape(err, errlen, raw, n < 0 ? 0 : (size_t)n < sizeof raw ? (size_t)n : sizeof raw - 1); /* quotes file bytes */
 }
 
 /* ------------------------------------------------------------------ UTF-8 */

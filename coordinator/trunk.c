@@ -29,6 +29,7 @@ struct trunk {
     unit_buffer *slots;       /* [n_slots] */
     int *direct_fd;           /* per shard: -1 unopened, -2 refused */
     int direct_ok, warned;
+    unsigned char *checked;   /* per walk unit: its values were found finite (first read) */
     /* streaming state */
     pthread_t reader;
     int reader_running;
@@ -109,22 +110,39 @@ static int read_region(trunk *t, const ckpt_entry *e, uint64_t off, uint64_t len
     return 0;
 }
 
-/* Reads walk unit i into ub (its buffer sized by walk_buffer_bytes). */
+/* Refuses a NaN or Inf among the n values at p (element first + i of tensor e). */
+static int check_finite(const trunk *t, const ckpt_entry *e, const void *p, size_t n, size_t first, k3_error *err) {
+    size_t i = floats_first_nonfinite(p, e->t->dtype, n);
+    if (i == n) return 0;
+    return k3_fail(err, "tensor '%s' (%s): element %zu is not finite: refusing non-finite weights", e->name,
+                   t->m->ck.shards[e->shard].file.path, first + i);
+}
+
+/* Reads walk unit i into ub (its buffer sized by walk_buffer_bytes); the first
+ * read of each unit also checks every value is finite (one pass over bytes in
+ * cache, once per unit and run: pinned units at load, streamed ones on the first pass). */
 static int read_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
     const k3_model *m = t->m;
     uint64_t at = 0;
+    int check = !t->checked[i];
     if (i < m->n_units) {
         const trunk_unit *u = &m->units[i];
         for (int j = 0; j < u->n; j++) {
             uint64_t n = u->e[j]->t->end - u->e[j]->t->begin;
             if (read_region(t, u->e[j], 0, n, ub->buf + at, &ub->data[j], err)) return -1;
+            if (check && check_finite(t, u->e[j], ub->data[j], n / st_dtype_size(u->e[j]->t->dtype), 0, err)) return -1;
             at += region_bytes(n);
         }
+        t->checked[i] = 1;
         return 0;
     }
     size_t V = (size_t)m->cfg.vocab_size, r0 = (size_t)(i - m->n_units) * t->lm_rows;
     size_t rows = V - r0 < t->lm_rows ? V - r0 : t->lm_rows, row_bytes = (size_t)m->cfg.hidden_size * lm_elsize(m);
-    return read_region(t, m->lm_head_entry, (uint64_t)r0 * row_bytes, (uint64_t)rows * row_bytes, ub->buf, &ub->data[0], err);
+    if (read_region(t, m->lm_head_entry, (uint64_t)r0 * row_bytes, (uint64_t)rows * row_bytes, ub->buf, &ub->data[0], err)) return -1;
+    size_t E = (size_t)m->cfg.hidden_size;
+    if (check && check_finite(t, m->lm_head_entry, ub->data[0], rows * E, r0 * E, err)) return -1;
+    t->checked[i] = 1;
+    return 0;
 }
 
 /* Bytes of the checkpoint that walk unit i covers (what a read of it costs). */
@@ -204,9 +222,10 @@ trunk *trunk_create(k3_model *m, const trunk_config *tc, k3_error *err) {
         return NULL;
     }
     t->direct_fd = malloc((size_t)m->ck.n_shards * sizeof *t->direct_fd);
+    t->checked = calloc((size_t)t->n_walk + 1, 1);
     t->pinned = calloc((size_t)t->n_pinned + 1, sizeof *t->pinned);
     t->slots = calloc((size_t)t->n_slots + 1, sizeof *t->slots);
-    if (!t->direct_fd || !t->pinned || !t->slots) { trunk_free(t); k3_fail(err, "out of memory"); return NULL; }
+    if (!t->direct_fd || !t->pinned || !t->slots || !t->checked) { trunk_free(t); k3_fail(err, "out of memory"); return NULL; }
     for (int s = 0; s < m->ck.n_shards; s++) {
         t->direct_fd[s] = -1;
         if (direct_fd(t, s) == -2 && t->direct_ok) {
@@ -248,6 +267,7 @@ void trunk_free(trunk *t) {
     if (!t) return;
     reader_stop(t);
     for (int i = 0; t->pinned && i < t->n_pinned; i++) free(t->pinned[i].buf);
+    free(t->checked);
     for (int s = 0; t->slots && s < t->n_slots; s++) free(t->slots[s].buf);
     if (t->direct_fd)
         for (int s = 0; s < t->m->ck.n_shards; s++)
@@ -384,6 +404,7 @@ int trunk_embed_row(trunk *t, int32_t token, float *out, k3_error *err) {
             if (es == 4) memcpy(&out[i + j], (const char *)buf16 + 4 * j, 4);
             else out[i + j] = bf16_to_f32(buf16[j]);
         }
+        if (check_finite(t, m->embed_entry, buf16, n, (size_t)token * E + i, err)) return -1;
         i += n;
     }
     return 0;

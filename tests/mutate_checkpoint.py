@@ -7,6 +7,8 @@ file with fresh offsets) unless the mutation is about the raw bytes.
   mutate_checkpoint.py DIR shape NAME D0,D1,...        new shape; data cut or zero-padded to fit
   mutate_checkpoint.py DIR dtype NAME DTYPE            new dtype; data cut or zero-padded to fit
   mutate_checkpoint.py DIR poke NAME OFFSET BYTE ...   set data bytes of tensors (e.g. scale 255)
+  mutate_checkpoint.py DIR setval NAME INDEX VALUE     set element INDEX (or every element: all) of an
+                                                       F32 / BF16 tensor to VALUE (nan, inf, -inf, a number)
   mutate_checkpoint.py DIR truncate SHARD NBYTES       cut the last NBYTES of a shard file
   mutate_checkpoint.py DIR index-move NAME SHARD       point the index entry of NAME at SHARD
   mutate_checkpoint.py DIR duplicate NAME SHARD        copy tensor NAME into SHARD as well
@@ -167,6 +169,23 @@ def main(argv):
                 b[off] = val
                 return (t[0], t[1], t[2], bytes(b))
             edit_tensor(d, name, poke)
+    elif op == "setval":
+        name, which, val = args[0], args[1], float(args[2])
+
+        def setval(t):
+            if t[1] not in ("F32", "BF16"):
+                die("setval: %s is %s, not F32 or BF16" % (t[0], t[1]))
+            es = DTYPE_SIZE[t[1]]
+            enc = struct.pack("<f", val)
+            enc = enc if es == 4 else enc[2:]
+            b = bytearray(t[3])
+            n = len(b) // es
+            for i in (range(n) if which == "all" else [int(which)]):
+                if i >= n:
+                    die("element %d is outside %s (%d values)" % (i, t[0], n))
+                b[i * es:(i + 1) * es] = enc
+            return (t[0], t[1], t[2], bytes(b))
+        edit_tensor(d, name, setval)
     elif op == "truncate":
         p = os.path.join(d, args[0])
         os.truncate(p, os.path.getsize(p) - int(args[1]))

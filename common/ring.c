@@ -9,7 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <linux/futex.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -24,10 +26,27 @@ static size_t total_bytes(uint32_t n, uint64_t hdr_cap, uint64_t req_cap, uint64
     return CTL_BYTES + (size_t)n * (slot_bytes(hdr_cap, req_cap) + slot_bytes(hdr_cap, resp_cap));
 }
 
+static void set_geometry(ring *r, uint32_t n, uint64_t hdr_cap, uint64_t req_cap, uint64_t resp_cap) {
+    r->n_slots = n;
+    r->hdr_cap = hdr_cap;
+    r->req_cap = req_cap;
+    r->resp_cap = resp_cap;
+    r->req_slot_bytes = slot_bytes(hdr_cap, req_cap);
+    r->resp_slot_bytes = slot_bytes(hdr_cap, resp_cap);
+}
+
 static int init_ctl(ring *r, k3_error *err) {
+    (void)err;
     ring_ctl *c = r->ctl;
-    if (sem_init(&c->req_items, 1, 0) || sem_init(&c->resp_items, 1, 0))
-        return k3_fail(err, "sem_init failed: %s", strerror(errno));
+    c->magic = RING_MAGIC;
+    c->n_slots = r->n_slots;
+    c->hdr_cap = r->hdr_cap;
+    c->req_payload_cap = r->req_cap;
+    c->resp_payload_cap = r->resp_cap;
+    c->req_slot_bytes = r->req_slot_bytes;
+    c->resp_slot_bytes = r->resp_slot_bytes;
+    atomic_store(&c->req_items, 0);
+    atomic_store(&c->resp_items, 0);
     atomic_store(&c->heartbeat, 0);
     atomic_store(&c->stat_requests, 0);
     atomic_store(&c->stat_hits, 0);
@@ -35,7 +54,7 @@ static int init_ctl(ring *r, k3_error *err) {
     atomic_store(&c->stat_bytes_read, 0);
     atomic_store(&c->stat_compute_ns, 0);
     atomic_store(&c->stat_wait_ns, 0);
-    for (uint32_t i = 0; i < c->n_slots; i++) {
+    for (uint32_t i = 0; i < r->n_slots; i++) {
         atomic_store(&ring_req_slot(r, i)->seq, 0);
         atomic_store(&ring_resp_slot(r, i)->seq, 0);
     }
@@ -60,31 +79,34 @@ int ring_create(ring *r, uint32_t n_slots, uint64_t hdr_cap, uint64_t req_cap, u
     if (fd < 0) return k3_fail(err, "shm_open: could not find a free name");
     shm_unlink(name); /* the name existed only for this moment; the fd carries the object */
     r->size = total_bytes(n_slots, hdr_cap, req_cap, resp_cap);
+    set_geometry(r, n_slots, hdr_cap, req_cap, resp_cap);
     if (ftruncate(fd, (off_t)r->size) != 0) {
         close(fd);
         return k3_fail(err, "ftruncate of a %zu-byte shared-memory ring: %s", r->size, strerror(errno));
+    }
+    /* reserve every page now: a sparse ring on a full /dev/shm would SIGBUS on first touch */
+    int fe = posix_fallocate(fd, 0, (off_t)r->size);
+    if (fe != 0) {
+        close(fd);
+        return k3_fail(err, "/dev/shm: cannot reserve %zu bytes for an expert-server ring (%s); free space in /dev/shm "
+                       "(df /dev/shm) or run with --workers 0", r->size, strerror(fe));
     }
     void *m = mmap(NULL, r->size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     if (m == MAP_FAILED) { close(fd); return k3_fail(err, "mmap of the ring: %s", strerror(errno)); }
     r->fd = fd;
     r->base = m;
     r->ctl = m;
-    ring_ctl *c = r->ctl;
-    c->magic = RING_MAGIC;
-    c->n_slots = n_slots;
-    c->hdr_cap = hdr_cap;
-    c->req_payload_cap = req_cap;
-    c->resp_payload_cap = resp_cap;
-    c->req_slot_bytes = slot_bytes(hdr_cap, req_cap);
-    c->resp_slot_bytes = slot_bytes(hdr_cap, resp_cap);
     if (init_ctl(r, err)) { ring_close(r); return -1; }
     return 0;
 }
 
-int ring_reset(ring *r, k3_error *err) {
-    sem_destroy(&r->ctl->req_items);
-    sem_destroy(&r->ctl->resp_items);
-    return init_ctl(r, err);
+int ring_reset(ring *r, k3_error *err) { return init_ctl(r, err); }
+
+int ring_ctl_intact(const ring *r) {
+    const ring_ctl *c = r->ctl;
+    return c->magic == RING_MAGIC && c->n_slots == r->n_slots && c->hdr_cap == r->hdr_cap &&
+           c->req_payload_cap == r->req_cap && c->resp_payload_cap == r->resp_cap &&
+           c->req_slot_bytes == r->req_slot_bytes && c->resp_slot_bytes == r->resp_slot_bytes;
 }
 
 int ring_attach(ring *r, int fd, uint64_t hdr_cap, uint64_t req_cap, uint64_t resp_cap, uint32_t n_slots, k3_error *err) {
@@ -92,6 +114,7 @@ int ring_attach(ring *r, int fd, uint64_t hdr_cap, uint64_t req_cap, uint64_t re
     r->fd = -1;
     struct stat st;
     size_t want = total_bytes(n_slots, hdr_cap, req_cap, resp_cap);
+    if (n_slots == 0 || n_slots > 64) return k3_fail(err, "ring: bad slot count %u", n_slots);
     if (fstat(fd, &st) != 0) return k3_fail(err, "ring fd %d: %s", fd, strerror(errno));
     if ((size_t)st.st_size != want)
         return k3_fail(err, "ring fd %d: size %lld, expected %zu", fd, (long long)st.st_size, want);
@@ -101,10 +124,8 @@ int ring_attach(ring *r, int fd, uint64_t hdr_cap, uint64_t req_cap, uint64_t re
     r->size = want;
     r->base = m;
     r->ctl = m;
-    const ring_ctl *c = r->ctl;
-    if (c->magic != RING_MAGIC || c->n_slots != n_slots || c->hdr_cap != hdr_cap || c->req_payload_cap != req_cap ||
-        c->resp_payload_cap != resp_cap || c->req_slot_bytes != slot_bytes(hdr_cap, req_cap) ||
-        c->resp_slot_bytes != slot_bytes(hdr_cap, resp_cap)) {
+    set_geometry(r, n_slots, hdr_cap, req_cap, resp_cap);
+    if (!ring_ctl_intact(r)) {
         ring_close(r);
         return k3_fail(err, "ring: control page does not match the hello message");
     }
@@ -118,38 +139,46 @@ void ring_close(ring *r) {
     r->fd = -1;
 }
 
+/* Addresses come from this side's geometry only. */
 ring_slot_head *ring_req_slot(const ring *r, uint64_t seq) {
-    const ring_ctl *c = r->ctl;
-    return (ring_slot_head *)(r->base + CTL_BYTES + (seq % c->n_slots) * c->req_slot_bytes);
+    return (ring_slot_head *)(r->base + CTL_BYTES + (seq % r->n_slots) * r->req_slot_bytes);
 }
 
 ring_slot_head *ring_resp_slot(const ring *r, uint64_t seq) {
-    const ring_ctl *c = r->ctl;
-    return (ring_slot_head *)(r->base + CTL_BYTES + c->n_slots * c->req_slot_bytes + (seq % c->n_slots) * c->resp_slot_bytes);
+    return (ring_slot_head *)(r->base + CTL_BYTES + r->n_slots * r->req_slot_bytes + (seq % r->n_slots) * r->resp_slot_bytes);
 }
 
 unsigned char *ring_slot_payload(const ring *r, ring_slot_head *s) {
-    return (unsigned char *)s + ALIGN_UP(sizeof(ring_slot_head) + r->ctl->hdr_cap, 64);
+    return (unsigned char *)s + ALIGN_UP(sizeof(ring_slot_head) + r->hdr_cap, 64);
 }
 
-void ring_publish(ring_slot_head *s, uint64_t seq, uint64_t hdr_len, uint64_t payload_len, sem_t *items) {
+void ring_publish(ring_slot_head *s, uint64_t seq, uint64_t hdr_len, uint64_t payload_len, _Atomic uint32_t *items) {
     s->hdr_len = hdr_len;
     s->payload_len = payload_len;
     atomic_store_explicit(&s->seq, seq, memory_order_release);
-    sem_post(items);
+    atomic_fetch_add_explicit(items, 1, memory_order_release);
+    syscall(SYS_futex, items, FUTEX_WAKE, 1, NULL, NULL, 0);
 }
 
-int ring_wait(sem_t *items, int timeout_ms) {
+static double mono_s(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    ts.tv_sec += timeout_ms / 1000;
-    ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int ring_wait(_Atomic uint32_t *items, int timeout_ms) {
+    double deadline = mono_s() + timeout_ms * 1e-3;
     for (;;) {
-        if (sem_timedwait(items, &ts) == 0) return 1;
-        if (errno == EINTR) continue;
-        if (errno == ETIMEDOUT) return 0;
-        return -1;
+        uint32_t v = atomic_load_explicit(items, memory_order_acquire);
+        if (v > 0) {
+            if (atomic_compare_exchange_weak_explicit(items, &v, v - 1, memory_order_acquire, memory_order_relaxed)) return 1;
+            continue;
+        }
+        double left = deadline - mono_s();
+        if (left <= 0) return 0;
+        struct timespec ts = {(time_t)left, (long)((left - (double)(time_t)left) * 1e9)};
+        long rc = syscall(SYS_futex, items, FUTEX_WAIT, 0, &ts, NULL, 0);
+        if (rc != 0 && errno != EAGAIN && errno != EINTR && errno != ETIMEDOUT) return -1;
     }
 }
 
@@ -158,7 +187,7 @@ int ring_slot_lengths(const ring *r, ring_slot_head *s, uint64_t want_seq, uint6
     uint64_t seq = atomic_load_explicit(&s->seq, memory_order_acquire);
     if (seq != want_seq) return k3_fail(err, "ring slot carries sequence %llu, expected %llu", (unsigned long long)seq, (unsigned long long)want_seq);
     uint64_t h = s->hdr_len, p = s->payload_len;
-    if (h == 0 || h > r->ctl->hdr_cap) return k3_fail(err, "ring slot header length %llu is out of range", (unsigned long long)h);
+    if (h == 0 || h > r->hdr_cap) return k3_fail(err, "ring slot header length %llu is out of range", (unsigned long long)h);
     if (p > payload_cap || p % sizeof(float)) return k3_fail(err, "ring slot payload length %llu is out of range", (unsigned long long)p);
     *hdr_len = h;
     *payload_len = p;

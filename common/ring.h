@@ -8,6 +8,14 @@
  * the sequence number with ACQUIRE ordering and checks it is the one it expects.
  * Lengths in a slot are written by the other side: ring_slot_lengths() validates
  * them against this side's own capacities before anything is read.
+ * Every byte of the object is untrusted: each side keeps its OWN copy of the
+ * geometry (struct ring: slot count, capacities, slot sizes, from its own
+ * arguments), and every address is computed from that copy, never from the
+ * control page. The counting semaphores are plain 32-bit futex words driven by
+ * raw futex system calls (never glibc sem_t, whose futex errors on a scribbled
+ * page abort the process): a garbage count only wakes the waiter early, which
+ * then finds no valid slot. ring_ctl_intact() tells the coordinator that a
+ * server has scribbled the page (it is then restarted like one that sends garbage).
  * The object is created with a unique name, mode 0600, and unlinked immediately;
  * the worker maps it through the inherited file descriptor, so no name outlives
  * the moment of creation. Names start with "k3." and carry the creator's pid, so
@@ -16,7 +24,6 @@
 #define K3_RING_H
 
 #include "common/error.h"
-#include <semaphore.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -29,7 +36,8 @@ typedef struct {
     uint32_t pad0;
     uint64_t hdr_cap, req_payload_cap, resp_payload_cap; /* bytes */
     uint64_t req_slot_bytes, resp_slot_bytes;
-    sem_t req_items, resp_items;
+    _Atomic uint32_t req_items, resp_items; /* futex counting semaphores */
+    uint32_t pad1;
     /* written by the worker, read by the coordinator (progress and stats) */
     _Atomic uint64_t heartbeat;
     _Atomic uint64_t stat_requests, stat_hits, stat_misses, stat_bytes_read, stat_compute_ns, stat_wait_ns;
@@ -46,13 +54,17 @@ typedef struct {
     int fd;
     size_t size;
     unsigned char *base;
-    ring_ctl *ctl;
+    ring_ctl *ctl;        /* shared, untrusted: counters and stats only */
+    /* this side's own copy of the geometry */
+    uint32_t n_slots;
+    uint64_t hdr_cap, req_cap, resp_cap, req_slot_bytes, resp_slot_bytes;
 } ring;
 
 /* Creates, sizes, maps and unlinks a new object; initialises control and semaphores. */
 int ring_create(ring *r, uint32_t n_slots, uint64_t hdr_cap, uint64_t req_payload_cap, uint64_t resp_payload_cap,
                 k3_error *err);
-/* Re-initialises the semaphores and counters (after the peer died). */
+/* Re-initialises the control page from this side's geometry: magic, geometry,
+ * semaphores, counters, slot sequence numbers (after the peer died). */
 int ring_reset(ring *r, k3_error *err);
 /* Maps an inherited fd; checks magic and that the sizes agree with expected caps. */
 int ring_attach(ring *r, int fd, uint64_t hdr_cap, uint64_t req_payload_cap, uint64_t resp_payload_cap, uint32_t n_slots,
@@ -65,9 +77,11 @@ static inline unsigned char *ring_slot_hdr(ring_slot_head *s) { return (unsigned
 unsigned char *ring_slot_payload(const ring *r, ring_slot_head *s);
 
 /* Publish slot contents (release) and post the semaphore. */
-void ring_publish(ring_slot_head *s, uint64_t seq, uint64_t hdr_len, uint64_t payload_len, sem_t *items);
+void ring_publish(ring_slot_head *s, uint64_t seq, uint64_t hdr_len, uint64_t payload_len, _Atomic uint32_t *items);
 /* Wait up to timeout_ms for an item; 1 = got one, 0 = timeout, -1 = error. */
-int ring_wait(sem_t *items, int timeout_ms);
+int ring_wait(_Atomic uint32_t *items, int timeout_ms);
+/* 1 when the control page still holds the magic and this side's geometry. */
+int ring_ctl_intact(const ring *r);
 /* Acquire-load the slot's seq and check it and its lengths against our caps. */
 int ring_slot_lengths(const ring *r, ring_slot_head *s, uint64_t want_seq, uint64_t payload_cap, uint64_t *hdr_len,
                       uint64_t *payload_len, k3_error *err);

@@ -95,14 +95,22 @@ static void bank_stats(worker *w) {
     w->acc.compute_s += (double)atomic_load(&c->stat_compute_ns) * 1e-9;
 }
 
+enum { SPAWN_OK = 0, SPAWN_REFUSED = -1, SPAWN_FAILED = -2 };
+
+/* Starts w and waits (at most --worker-timeout-ms) for its ready message.
+ * SPAWN_REFUSED: the server answered that it cannot serve (a deterministic
+ * refusal: no restart helps); SPAWN_FAILED: it died, hung or answered garbage
+ * before it was ready (restarted while restarts remain). */
 static int spawn(pool *p, worker *w, k3_error *err) {
     int sv[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) != 0)
         return k3_fail(err, "socketpair: %s", strerror(errno));
     pid_t pid = fork();
-    if (pid < 0) { close(sv[0]); close(sv[1]); return k3_fail(err, "fork: %s", strerror(errno)); }
+    if (pid < 0) { close(sv[0]); close(sv[1]); k3_fail(err, "fork: %s", strerror(errno)); return SPAWN_FAILED; }
     if (pid == 0) {
-        int c = fcntl(sv[1], F_DUPFD_CLOEXEC, 100), r = fcntl(w->rg.fd, F_DUPFD_CLOEXEC, 100);
+        /* move both fds above 4 before placing them at 3 and 4 (whatever they are now);
+         * the minimum is 5, not a high number, so a low `ulimit -n` still works */
+        int c = fcntl(sv[1], F_DUPFD_CLOEXEC, 5), r = fcntl(w->rg.fd, F_DUPFD_CLOEXEC, 5);
         if (c < 0 || r < 0 || dup2(c, 3) != 3 || dup2(r, 4) != 4) _exit(127);
         /* The coordinator waits while a worker computes and the other way round:
          * idle OpenMP threads must sleep, not spin, or they steal the cores. */
@@ -135,20 +143,26 @@ static int spawn(pool *p, worker *w, k3_error *err) {
     long len = wire_encode_hello(&h, msg, sizeof msg);
     if (len < 0 || send(w->ctl_fd, msg, (size_t)len, MSG_NOSIGNAL) != len) {
         reap(w);
-        return k3_fail(err, "worker %d: cannot send hello", w->idx);
+        k3_fail(err, "worker %d: cannot send hello", w->idx);
+        return SPAWN_FAILED;
     }
     struct pollfd pfd = {w->ctl_fd, POLLIN, 0};
-    int pr = poll(&pfd, 1, p->o.timeout_ms > 60000 ? p->o.timeout_ms : 60000);
+    int pr;
+    do pr = poll(&pfd, 1, p->o.timeout_ms); while (pr < 0 && errno == EINTR);
     ssize_t n = pr > 0 ? recv(w->ctl_fd, msg, sizeof msg, 0) : -1;
     wire_ready rd;
     k3_error e2 = {0};
     if (n <= 0 || wire_decode_ready(msg, (size_t)n, &rd, &e2)) {
         reap(w);
-        return k3_fail(err, "worker %d (%s) did not report ready%s%s", w->idx, p->path, e2.set ? ": " : "", e2.msg);
+        k3_fail(err, "worker %d (%s) did not report ready%s%s%s", w->idx, p->path,
+                pr == 0 ? " within --worker-timeout-ms " : "", e2.set ? ": " : "", e2.msg);
+        if (pr == 0) snprintf(err->msg + strlen(err->msg), sizeof err->msg - strlen(err->msg), "%d", p->o.timeout_ms);
+        return SPAWN_FAILED;
     }
     if (!rd.ok) {
         reap(w);
-        return k3_fail(err, "worker %d refused to start: %s", w->idx, rd.error);
+        k3_fail(err, "worker %d refused to start: %s", w->idx, rd.error);
+        return SPAWN_REFUSED;
     }
     w->cache_slots = rd.cache_slots;
     w->direct_io = rd.direct_io;
@@ -161,7 +175,7 @@ static int send_request(pool *p, worker *w, int layer, k3_error *err) {
     uint64_t seq = ++w->seq;
     ring_slot_head *s = ring_req_slot(&w->rg, seq);
     wire_request q = {WIRE_REQ_EXPERTS, w->req_id, layer, (uint32_t)w->ntok, (uint32_t)w->npairs, w->ptok, w->pexp};
-    long hl = wire_encode_request(&q, ring_slot_hdr(s), c->hdr_cap);
+    long hl = wire_encode_request(&q, ring_slot_hdr(s), w->rg.hdr_cap);
     if (hl < 0) return k3_fail(err, "request header for worker %d does not fit the ring slot", w->idx);
     size_t pl = w->ntok * p->L * sizeof(float);
     memcpy(ring_slot_payload(&w->rg, s), w->z, pl);
@@ -203,7 +217,11 @@ static int wait_response(pool *p, worker *w, float *out, char *why, size_t whyle
     uint64_t hl, pl;
     wire_response resp;
     k3_error e = {0};
-    if (ring_slot_lengths(&w->rg, s, w->seq, c->resp_payload_cap, &hl, &pl, &e) ||
+    if (!ring_ctl_intact(&w->rg)) { /* a server that scribbles its control page is restarted */
+        snprintf(why, whylen, "corrupted its ring control page");
+        return WAIT_RETRY;
+    }
+    if (ring_slot_lengths(&w->rg, s, w->seq, w->rg.resp_cap, &hl, &pl, &e) ||
         wire_decode_response(ring_slot_hdr(s), hl, &resp, &e)) {
         snprintf(why, whylen, "malformed answer: %.900s", e.msg);
         return WAIT_RETRY;
@@ -223,6 +241,25 @@ static int wait_response(pool *p, worker *w, float *out, char *why, size_t whyle
     return WAIT_OK;
 }
 
+/* Starts w; a start that fails before ready (died, hung, garbage) uses the
+ * remaining restarts, a refusal ends the run at once. */
+static int start(pool *p, worker *w, k3_error *err) {
+    for (;;) {
+        k3_error e = {0};
+        int rc = spawn(p, w, &e);
+        if (rc == SPAWN_OK) return 0;
+        if (rc == SPAWN_REFUSED) return k3_fail(err, "%s", e.msg);
+        if (w->restarts >= p->o.max_restarts)
+            return k3_fail(err, "%s; already restarted %d times: giving up", e.msg, w->restarts);
+        w->restarts++;
+        w->life++;
+        fprintf(stderr, "k3: %s; restarting (%d/%d)\n", e.msg, w->restarts, p->o.max_restarts);
+        usleep((50u << (w->restarts < 6 ? w->restarts : 6)) * 1000);
+        w->seq = 0;
+        if (ring_reset(&w->rg, err)) return -1;
+    }
+}
+
 static int restart(pool *p, worker *w, const char *why, k3_error *err) {
     reap(w);
     bank_stats(w);
@@ -235,7 +272,7 @@ static int restart(pool *p, worker *w, const char *why, k3_error *err) {
     usleep(backoff_ms * 1000);
     w->seq = 0;
     if (ring_reset(&w->rg, err)) return -1;
-    return spawn(p, w, err);
+    return start(p, w, err);
 }
 
 static int pool_run(expert_backend *b, int layer, const float *zlat, size_t ntok, const int32_t *pair_token,
@@ -294,7 +331,7 @@ static void pool_destroy(expert_backend *b) {
         uint64_t seq = ++w->seq;
         ring_slot_head *s = ring_req_slot(&w->rg, seq);
         wire_request q = {.kind = WIRE_REQ_SHUTDOWN, .id = ++p->next_id};
-        long hl = wire_encode_request(&q, ring_slot_hdr(s), w->rg.ctl->hdr_cap);
+        long hl = wire_encode_request(&q, ring_slot_hdr(s), w->rg.hdr_cap);
         if (hl > 0) ring_publish(s, seq, (uint64_t)hl, 0, &w->rg.ctl->req_items);
     }
     for (int i = 0; i < p->n; i++) {
@@ -369,7 +406,7 @@ int workers_pool_create(expert_backend *b, k3_model *m, const pool_options *o, k
         w->tok_map = malloc(o->max_tokens * sizeof *w->tok_map);
         w->z = malloc(o->max_tokens * p->L * sizeof *w->z);
         if (!w->ptok || !w->pexp || !w->pair_index || !w->tok_map || !w->z) { pool_destroy(b); return k3_fail(err, "out of memory"); }
-        if (ring_create(&w->rg, RING_SLOTS, p->hdr_cap, p->req_cap, p->resp_cap, err) || spawn(p, w, err)) {
+        if (ring_create(&w->rg, RING_SLOTS, p->hdr_cap, p->req_cap, p->resp_cap, err) || start(p, w, err)) {
             pool_destroy(b);
             return -1;
         }

@@ -27,7 +27,14 @@ IDS=1,2,3
 REF=$("$K3_BIN" "$MODEL" --ids $IDS --gen 4 --workers 0 2>/dev/null) || { echo "t_15: the intact model fails"; exit 1; }
 [ -n "$REF" ] || { echo "t_15: the intact model printed no ids"; exit 1; }
 
-shm_count() { ls /dev/shm 2>/dev/null | grep -c "^k3\.$1\." ; }
+# processes started by this script carry K3_T15_MARK; none may outlive its run
+export K3_T15_MARK=$$
+leftovers() {
+  local p
+  for p in $(pgrep -x k3-expertd; pgrep -x sleep); do
+    tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx "K3_T15_MARK=$$" && echo $p
+  done
+}
 
 # check CLASS CODE LABEL [WANT...] -- CMD...: runs CMD (60 s watchdog, stdout to $T/out, stderr
 # to $T/err); the exit status must be CODE (ok = 0 with the reference ids, or 0 / 1 / 2, or nz:
@@ -135,6 +142,45 @@ hb = json.dumps(h).encode(); hb += b" " * (-len(hb) % 8)
 open(p, "wb").write(struct.pack("<Q", len(hb)) + hb + b[8 + n:])
 EOF
 check in 2 "ESC in a shard header name and dtype" 'x\x1bP\x07' -- "$K3_BIN" "$T/m" --ids 1 --gen 1
+
+# ---- 3-5. hostile and dying expert servers, full /dev/shm: the intact ids or a message, never
+# a signal in the coordinator; no process or shared-memory object left behind.
+shm_before=$(ls /dev/shm | grep -c '^k3\.')
+fault() { # LABEL CODE WANT K3_FAULT [ARGS...]
+  local label=$1 code=$2 want=$3 f=$4; shift 4
+  check fault "$code" "$label" "$want" -- env K3_FAULT="$f" "$K3_BIN" "$MODEL" --ids $IDS --gen 4 "$@"
+}
+for at in 1 2 3 5 8; do
+  fault "server scribbles its control page at request $at" ok "corrupted its ring control page" scribble:$at:0 --workers 2
+done
+fault "scribble on worker 1, two lives" ok "restarting (2/3)" scribble:2:1:2 --workers 2
+fault "scribble in every life: restarts run out" 1 "giving up" scribble:1:0:9 --workers 1
+for at in 1 4; do fault "semaphore word set to 2^32-1 at request $at" ok "restarting (1/3)" semjunk:$at:0 --workers 2; done
+fault "semjunk in every life" 1 "giving up" semjunk:1:1:9 --workers 3
+fault "killed before ready, first start" ok "did not report ready|restarting (1/3)" noready:0:0:1 --workers 2
+fault "killed before ready, three starts" ok "restarting (3/3)" noready:0:1:3 --workers 2
+fault "killed before ready in every life" 1 "giving up" noready:0:0:9 --workers 1
+fault "killed before ready right after a restart" ok "restarting (2/3)" noready:0:0:2 --workers 1
+fault "crash, then killed before ready" ok "restarting" crash:2:0:1 --workers 2
+fault "never ready: --worker-timeout-ms bounds the wait" ok "within --worker-timeout-ms 700" hangready:0:0:1 --workers 2 --worker-timeout-ms 700
+fault "never ready in any life" 1 "giving up" hangready:0:0:9 --workers 1 --worker-timeout-ms 300 --max-restarts 2
+printf '#!/bin/sh\nexec sleep 600\n' >"$T/hang.sh"; chmod +x "$T/hang.sh"
+start=$(date +%s)
+check fault 1 "a hanging K3_EXPERTD replacement" "within --worker-timeout-ms 400|giving up" -- env K3_EXPERTD="$T/hang.sh" "$K3_BIN" "$MODEL" --ids $IDS --gen 1 --workers 1 --worker-timeout-ms 400 --max-restarts 1
+[ $(( $(date +%s) - start )) -lt 30 ] || bad "a hanging K3_EXPERTD replacement was waited for $(( $(date +%s) - start )) s"
+printf '#!/bin/sh\nexit 0\n' >"$T/quit.sh"; chmod +x "$T/quit.sh"
+check fault 1 "a K3_EXPERTD replacement that exits at once" "did not report ready|giving up" -- env K3_EXPERTD="$T/quit.sh" "$K3_BIN" "$MODEL" --ids $IDS --gen 1 --workers 1
+if unshare -m true 2>/dev/null; then
+  for sz in 16k 200k; do
+    check limit 1 "/dev/shm of $sz (full)" "/dev/shm|bytes" -- unshare -m sh -c "mount -t tmpfs -o size=$sz tmpfs /dev/shm && exec \"\$0\" \"\$@\"" "$K3_BIN" "$MODEL" --ids $IDS --gen 4 --workers 2
+  done
+  check limit ok "/dev/shm of 2 MiB is enough" -- unshare -m sh -c "mount -t tmpfs -o size=2m tmpfs /dev/shm && exec \"\$0\" \"\$@\"" "$K3_BIN" "$MODEL" --ids $IDS --gen 4 --workers 2
+else echo "skip /dev/shm cases: no mount namespace here"; fi
+sleep 0.5
+shm_after=$(ls /dev/shm | grep -c '^k3\.')
+if [ "$shm_after" -gt "$shm_before" ]; then n_leak=$((n_leak+1)); bad "shared-memory objects left behind: $(ls /dev/shm | grep '^k3\.')"; fi
+left=$(leftovers)
+if [ -n "$left" ]; then n_leak=$((n_leak+1)); bad "processes left behind: $left"; kill -9 $left 2>/dev/null; fi
 
 echo "t_15: bad inputs $n_in, faults injected $n_fault, resource limits $n_limit;" \
      "wrong tokens $n_wrong, signals we did not send $n_sig, hangs $n_hang, leaks $n_leak; failures $fail"

@@ -11,8 +11,12 @@
  *    write the outputs and a checksum to the response slot, publish.
  * It holds no sequence state: killing it loses nothing but cache contents.
  * Fault injection for tests: K3_FAULT="kind:after[:worker[:lives]]" with kind in
- * crash|exit|hang|garbage|badsum|pause makes worker `worker` (default 0) misbehave
- * when serving request number `after`, in its first `lives` lives (default 1). */
+ * crash|exit|hang|garbage|badsum|pause|scribble|semjunk makes worker `worker`
+ * (default 0) misbehave when serving request number `after`, in its first `lives`
+ * lives (default 1): scribble writes garbage over the whole control page (magic,
+ * geometry, semaphore words) and then answers normally; semjunk sets the response
+ * semaphore to 2^32-1 without answering. Kinds noready (killed before it reports
+ * ready) and hangready (never reports ready) act at start-up (`after` ignored). */
 #define _GNU_SOURCE
 #include "common/config.h"
 #include "common/layer_schema.h"
@@ -24,6 +28,7 @@
 #include <omp.h>
 #include <poll.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -142,7 +147,7 @@ static int serve(server *sv, uint64_t seq, int32_t *ptok, int32_t *pexp, const f
     if (fault && !strcmp(fp->kind, "hang")) for (;;) pause();
     if (fault && !strcmp(fp->kind, "pause"))
         for (int i = 0; i < 30; i++) { usleep(100000); atomic_fetch_add(&ctl->heartbeat, 1); }
-    if (ring_slot_lengths(rg, rs, seq, ctl->req_payload_cap, &hl, &pl, &err) ||
+    if (ring_slot_lengths(rg, rs, seq, rg->req_cap, &hl, &pl, &err) ||
         wire_decode_request(ring_slot_hdr(rs), hl, sv->hello.max_pairs, &q, &err)) {
         fprintf(stderr, "k3-expertd %d: bad request: %s\n", sv->hello.worker, err.msg);
         return 1; /* the coordinator will see no answer and restart us */
@@ -176,11 +181,16 @@ static int serve(server *sv, uint64_t seq, int32_t *ptok, int32_t *pexp, const f
     atomic_store(&ctl->stat_bytes_read, cs.bytes_read);
     atomic_fetch_add(&ctl->stat_compute_ns, now_ns() - t0);
     atomic_fetch_add(&ctl->stat_requests, 1);
-    long hlen = wire_encode_response(&resp, ring_slot_hdr(out), ctl->hdr_cap);
+    long hlen = wire_encode_response(&resp, ring_slot_hdr(out), rg->hdr_cap);
     if (hlen < 0) return 1;
     if (fault && !strcmp(fp->kind, "garbage"))
         for (long i = 0; i < hlen; i++) ring_slot_hdr(out)[i] ^= (unsigned char)(0x5a + i);
     if (fault && !strcmp(fp->kind, "badsum") && payload) ((unsigned char *)y)[payload / 2] ^= 1;
+    if (fault && !strcmp(fp->kind, "scribble")) { /* every control field, from the magic to the semaphores */
+        unsigned char *c = (unsigned char *)ctl;
+        for (size_t i = 0; i < offsetof(ring_ctl, heartbeat); i++) c[i] = (unsigned char)(0xa5 ^ (i * 37));
+    }
+    if (fault && !strcmp(fp->kind, "semjunk")) { atomic_store(&ctl->resp_items, 0xffffffffu); return 0; }
     ring_publish(out, seq, (uint64_t)hlen, payload, &ctl->resp_items);
     return 0;
 }
@@ -199,6 +209,8 @@ int main(int argc, char **argv) {
     pid_t parent = getppid();
     if (parent == 1) return 1;
     static server sv;
+    fault_plan fp;
+    parse_fault(&fp);
     unsigned char msg[8192];
     struct pollfd pfd = {control_fd, POLLIN, 0};
     if (poll(&pfd, 1, 30000) <= 0) { fprintf(stderr, "k3-expertd: no hello within 30 s\n"); return 1; }
@@ -209,11 +221,12 @@ int main(int argc, char **argv) {
         ready.ok = 0;
         snprintf(ready.error, sizeof ready.error, "%.1000s", err.set ? err.msg : "no hello");
     } else ready.ok = 1;
+    int start_fault = fp.kind[0] && fp.worker == sv.hello.worker && sv.hello.life < fp.lives;
+    if (start_fault && !strcmp(fp.kind, "noready")) raise(SIGKILL);
+    if (start_fault && !strcmp(fp.kind, "hangready")) for (;;) pause();
     long len = wire_encode_ready(&ready, msg, sizeof msg);
     if (len < 0 || send(control_fd, msg, (size_t)len, 0) != len || !ready.ok) return 1;
 
-    fault_plan fp;
-    parse_fault(&fp);
     int32_t *ptok = malloc(sv.hello.max_pairs * sizeof *ptok), *pexp = malloc(sv.hello.max_pairs * sizeof *pexp);
     if (!ptok || !pexp) return 1;
     uint64_t seq = 0;

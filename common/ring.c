@@ -81,8 +81,10 @@ int ring_create(ring *r, uint32_t n_slots, uint64_t hdr_cap, uint64_t req_cap, u
     r->size = total_bytes(n_slots, hdr_cap, req_cap, resp_cap);
     set_geometry(r, n_slots, hdr_cap, req_cap, resp_cap);
     if (ftruncate(fd, (off_t)r->size) != 0) {
+        int e = errno;
         close(fd);
-        return k3_fail(err, "ftruncate of a %zu-byte shared-memory ring: %s", r->size, strerror(errno));
+        return k3_fail(err, "/dev/shm: cannot size a %zu-byte expert-server ring: %s%s", r->size, strerror(e),
+                       e == EFBIG ? " (the file-size limit, ulimit -f, is below it)" : "");
     }
     /* reserve every page now: a sparse ring on a full /dev/shm would SIGBUS on first touch */
     int fe = posix_fallocate(fd, 0, (off_t)r->size);

@@ -19,6 +19,7 @@
 #include "coordinator/server_http.h"
 #include "coordinator/experts_local.h"
 #include "coordinator/generate.h"
+#include "coordinator/outputs.h"
 #include "coordinator/plan.h"
 #include "coordinator/tokenize_cmd.h"
 #include "coordinator/doctor.h"
@@ -227,22 +228,22 @@ static json_t *memory_json(const run_info *ri, const expert_backend *eb) {
 
 static int write_outputs(const options *o, const run_result *r, const engine *en, const run_info *ri) {
     size_t V = (size_t)en->model->cfg.vocab_size;
-    if (o->logits_path) {
-        FILE *f = fopen(o->logits_path, "wb");
-        if (!f || fwrite(r->rows, sizeof(float) * V, r->n_rows, f) != r->n_rows || fclose(f) != 0) {
-            fprintf(stderr, "k3: cannot write %s: %s\n", o->logits_path, strerror(errno));
-            return EXIT_RUNTIME;
-        }
+    int status = EXIT_OK; /* the ids go out first; a failed file never drops them */
+    if (!r->streamed) {
+        for (size_t i = 0; i < r->n_gen; i++) printf("%s%d", i ? " " : "", r->seq[r->n_prompt + i]);
+        printf("\n");
+        fflush(stdout);
+    }
+    k3_error we = {0};
+    if (o->logits_path && outputs_write_file(o->logits_path, r->rows, sizeof(float) * V * r->n_rows, &we)) {
+        fprintf(stderr, "k3: %s\n", we.msg);
+        status = EXIT_RUNTIME;
     }
     char *text = NULL;
     size_t text_len = 0;
     if (ri->tok) {
         char e[256];
         if (tokenizer_decode(ri->tok, r->seq + r->n_prompt, r->n_gen, &text, &text_len, e, sizeof e) != TOK_OK) text = NULL;
-    }
-    if (!r->streamed) {
-        for (size_t i = 0; i < r->n_gen; i++) printf("%s%d", i ? " " : "", r->seq[r->n_prompt + i]);
-        printf("\n");
     }
     if (o->json_path) {
         struct rusage ru;
@@ -272,10 +273,10 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         json_object_set_new(j, "memory", memory_json(ri, ri->eb));
         int bad = json_dump_file(j, o->json_path, JSON_INDENT(1) | JSON_COMPACT);
         json_decref(j);
-        if (bad) { fprintf(stderr, "k3: cannot write %s\n", o->json_path); free(text); return EXIT_RUNTIME; }
+        if (bad) { fprintf(stderr, "k3: cannot write %s: %s\n", o->json_path, strerror(errno)); status = EXIT_RUNTIME; }
     }
     free(text);
-    return EXIT_OK;
+    return status;
 }
 
 /* /metrics: the expert servers' and the trunk's counters. */
@@ -388,11 +389,14 @@ static int plan_only(const options *o) {
 int main(int argc, char **argv) {
     options o;
     if (cli_parse(argc, argv, &o)) { cli_usage(stderr); return EXIT_USAGE; }
-    if (o.encode_file || o.decode_file) return tokenize_command(o.tok_dir, o.encode_file, o.decode_file, o.no_special);
-    if (o.list_presets) { list_presets(); return EXIT_OK; }
-    if (o.verify) return verify_run(&(verify_options){o.model_dir, o.sha256, o.expect_path, o.json_path, (int)o.threads, 0});
-    if (o.doctor) return doctor_run(&(doctor_options){o.model_dir, o.json_path, o.chunk, o.mem_gb});
-    if (o.plan_only) return plan_only(&o);
+    if (outputs_init()) return EXIT_RUNTIME; /* stdout closed */
+    k3_error oe = {0};
+    if (outputs_check_paths(o.json_path, o.logits_path, o.trace_path, &oe)) { fprintf(stderr, "k3: %s\n", oe.msg); return EXIT_USAGE; }
+    if (o.encode_file || o.decode_file) return outputs_finish(tokenize_command(o.tok_dir, o.encode_file, o.decode_file, o.no_special));
+    if (o.list_presets) { list_presets(); return outputs_finish(EXIT_OK); }
+    if (o.verify) return outputs_finish(verify_run(&(verify_options){o.model_dir, o.sha256, o.expect_path, o.json_path, (int)o.threads, 0}));
+    if (o.doctor) return outputs_finish(doctor_run(&(doctor_options){o.model_dir, o.json_path, o.chunk, o.mem_gb}));
+    if (o.plan_only) return outputs_finish(plan_only(&o));
     /* Idle OpenMP threads must sleep, not spin: with expert servers the
      * coordinator's cores sit idle while they compute, and on a shared machine a
      * spinning barrier waits for a descheduled thread (measured: 3-4x slower
@@ -454,6 +458,10 @@ int main(int argc, char **argv) {
     status = EXIT_USAGE;
     if (budget_bytes(&o, &budget)) goto done;
     ri.n_workers = workers_wanted(&o);
+    if (workers_pool_check(&m, ri.n_workers, o.cache_mb > 0 ? (uint64_t)(o.cache_mb * 1048576.0) + 1 : 0, &err)) {
+        fprintf(stderr, "k3: %s\n", err.msg);
+        goto done;
+    }
     size_t ctx = o.max_context ? (size_t)o.max_context : (o.chat || o.serve) ? 4096 : n + (size_t)o.gen;
     if (o.serve) ctx *= (size_t)o.parallel; /* every slot holds its own MLA cache */
     if (plan_make(&plan, &m.cfg, &m, budget, ri.n_workers, (size_t)o.chunk, ctx, &err)) {
@@ -518,9 +526,14 @@ int main(int argc, char **argv) {
         goto done;
     }
     status = run(&en, &o, o.ids_arg ? NULL : tok, &r, &err);
-    if (trace && fclose(trace) != 0 && status == EXIT_OK) { fprintf(stderr, "k3: error writing %s\n", o.trace_path); status = EXIT_RUNTIME; }
+    int trace_err = 0;
+    if (trace && ((ferror(trace) | fclose(trace)) != 0)) trace_err = errno ? errno : EIO;
     if (status != EXIT_OK) fprintf(stderr, "k3: %s\n", err.msg);
-    else status = write_outputs(&o, &r, &en, &ri);
+    else status = write_outputs(&o, &r, &en, &ri); /* the ids even when the trace failed */
+    if (trace_err) {
+        fprintf(stderr, "k3: cannot write %s: %s\n", o.trace_path, strerror(trace_err));
+        if (status == EXIT_OK) status = EXIT_RUNTIME;
+    }
 done:
     engine_free(&en);
     if (eb.destroy) eb.destroy(&eb);
@@ -533,5 +546,5 @@ done:
     free(o.stop_ids);
     model_free(&m);
     tokenizer_free(tok);
-    return status;
+    return outputs_finish(status);
 }

@@ -4,6 +4,7 @@
 #include "common/proc_stats.h"
 #include "common/ring.h"
 #include "common/wire.h"
+#include "workers/expert_cache.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
@@ -415,6 +416,25 @@ int workers_pool_create(expert_backend *b, k3_model *m, const pool_options *o, k
         else snprintf(place, sizeof place, "%s", o->numa ? "one NUMA node: no binding" : "no NUMA binding (--numa off)");
         fprintf(stderr, "k3: worker %d pid %d, %s, %d cache slots, %s reads\n", i, (int)w->pid, place, w->cache_slots,
                 w->direct_io ? "O_DIRECT" : "buffered");
+    }
+    return 0;
+}
+
+int workers_pool_check(const k3_model *m, int n_workers, uint64_t cache_bytes, k3_error *err) {
+    const k3_config *c = &m->cfg;
+    uint64_t sb = expert_cache_slot_bytes(&m->experts);
+    if (cache_bytes > 0 && cache_bytes < sb)
+        return k3_fail(err, "--expert-cache-mb %.4f is below one expert (%llu bytes = %.4f MB): at least one expert must fit",
+                       (double)cache_bytes / 1048576.0, (unsigned long long)sb, (double)sb / 1048576.0);
+    if (n_workers <= c->num_experts) return 0; /* layer 0's experts alone reach every server */
+    for (int w = 0; w < n_workers; w++) {
+        int owns = 0;
+        for (int l = 0; l < c->num_hidden_layers && !owns; l++)
+            if (c->layer_is_moe[l])
+                for (int e = 0; e < c->num_experts && !owns; e++) owns = expert_owner(l, e, n_workers) == w;
+        if (!owns)
+            return k3_fail(err, "--workers %d: expert server %d would own no expert (%d experts per layer spread over %d "
+                           "servers); use fewer servers", n_workers, w, c->num_experts, n_workers);
     }
     return 0;
 }

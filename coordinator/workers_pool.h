@@ -39,6 +39,10 @@ typedef struct {
 } worker_stats;
 
 int workers_pool_create(expert_backend *b, k3_model *m, const pool_options *o, k3_error *err);
+/* Usage checks made before anything starts: with n_workers > 0 every server must
+ * own at least one expert of some MoE layer (expert_owner), and an expert cache
+ * asked for (cache_bytes > 0, --expert-cache-mb) must hold at least one expert slot. */
+int workers_pool_check(const k3_model *m, int n_workers, uint64_t cache_bytes, k3_error *err);
 int workers_pool_count(const expert_backend *b);
 void workers_pool_stats(const expert_backend *b, int i, worker_stats *out);
 /* Where bin/k3-expertd is: $K3_EXPERTD, else next to the running bin/k3. */

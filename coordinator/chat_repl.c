@@ -124,6 +124,7 @@ int chat_session_create(chat_session **out, engine *en, const tokenizer *tok, co
         goto fail;
     }
     s->st_ok = 1;
+    s->st.max_pos = opt->max_context; /* the MLA cache never grows past the plan */
     if ((rc = queue_system(s, err, errlen))) goto fail;
     *out = s;
     return CHAT_OK;

@@ -463,6 +463,11 @@ int main(int argc, char **argv) {
         goto done;
     }
     size_t ctx = o.max_context ? (size_t)o.max_context : (o.chat || o.serve) ? 4096 : n + (size_t)o.gen;
+    if (o.max_context && !o.chat && !o.serve && n + (size_t)o.gen > (size_t)o.max_context) {
+        fprintf(stderr, "k3: the prompt (%zu tokens) plus --gen %ld exceeds --max-context %ld\n", n, o.gen, o.max_context);
+        goto done;
+    }
+    size_t plan_ctx = ctx;
     if (o.serve) ctx *= (size_t)o.parallel; /* every slot holds its own MLA cache */
     if (plan_make(&plan, &m.cfg, &m, budget, ri.n_workers, (size_t)o.chunk, ctx, &err)) {
         fprintf(stderr, "k3: %s\n", err.msg);
@@ -520,7 +525,7 @@ int main(int argc, char **argv) {
         co.stop_ids = o.stop_ids;
         co.n_stop_ids = o.n_stop_ids;
         co.chunk = (size_t)o.chunk;
-        co.max_context = (size_t)o.max_context;
+        co.max_context = plan_ctx; /* the planned context: --max-context or the default the plan was sized for */
         status = chat_repl(&en, tok, &co, stdin, stdout, stderr);
         if (trace) fclose(trace);
         goto done;

@@ -33,10 +33,13 @@ void seq_state_reset(seq_state *s, const k3_config *cfg) {
 }
 
 int seq_state_reserve(seq_state *s, const k3_config *cfg, size_t need, k3_error *err) {
+    if (s->max_pos && need > s->max_pos)
+        return k3_fail(err, "context of %zu positions exceeds the planned maximum of %zu (--max-context)", need, s->max_pos);
     for (int l = 0; l < s->n_layers; l++) {
         if (!cfg->layer_is_mla[l] || s->mla[l].cap >= need) continue;
         size_t cap = s->mla[l].cap ? s->mla[l].cap : 64;
         while (cap < need) cap *= 2;
+        if (s->max_pos && cap > s->max_pos) cap = s->max_pos; /* never allocate past the plan */
         float *n = realloc(s->mla[l].cache, cap * mla_row(cfg) * sizeof(float));
         if (!n) return k3_fail(err, "out of memory growing the MLA cache to %zu positions", cap);
         s->mla[l].cache = n;

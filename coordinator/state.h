@@ -28,12 +28,14 @@ typedef struct {
     int n_layers;
     kda_state *kda;
     mla_state *mla;
+    size_t max_pos; /* 0, or the planned context (--max-context): never more positions, never more cache */
 } seq_state;
 
 int seq_state_init(seq_state *s, const k3_config *cfg, k3_error *err);
 /* Back to an empty sequence (zeros, pos 0); keeps allocations. */
 void seq_state_reset(seq_state *s, const k3_config *cfg);
-/* Makes room for positions [0, need) in every MLA cache. */
+/* Makes room for positions [0, need) in every MLA cache; with max_pos set, a
+ * need past it is refused and no cache grows beyond it. */
 int seq_state_reserve(seq_state *s, const k3_config *cfg, size_t need, k3_error *err);
 void seq_state_free(seq_state *s);
 

@@ -32,7 +32,7 @@ export K3_T15_MARK=$$
 leftovers() {
   local p
   for p in $(pgrep -x k3-expertd; pgrep -x sleep); do
-    tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx "K3_T15_MARK=$$" && echo $p
+    tr '\0' '\n' 2>/dev/null </proc/$p/environ | grep -qx "K3_T15_MARK=$$" && echo $p
   done
 }
 
@@ -232,6 +232,18 @@ check limit 1 "ulimit -f 0, --json: ids kept" "$T/j0.json" -- "$T/limited.sh" "-
 check limit 1 "ulimit -f 0, --dump-expert-trace: ids kept" "$T/tr.txt" -- "$T/limited.sh" "-f 0" "$K3_BIN" "$MODEL" --ids $IDS --gen 4 --workers 0 --dump-expert-trace "$T/tr.txt"
 check limit any "ulimit -v 64 MB" "" -- sh -c 'ulimit -v 65536 && exec "$0" "$@"' "$K3_BIN" "$MODEL" --ids $IDS --gen 4 --workers 0
 check limit ok "ulimit -s 256 KB" -- sh -c 'ulimit -s 256 && exec "$0" "$@"' "$K3_BIN" "$MODEL" --ids $IDS --gen 4 --workers 0
+
+# ---- 9. unbounded input: --max-context (default: what the plan was sized for) everywhere
+"$PYTHON" -c "import sys; sys.stdout.write('hello\\n' + 'ab ' * 350000 + '\\n' + 'hi again\\n')" >"$T/long.txt"
+check in 0 "a 1 MB line in --chat is refused, the chat goes on" "context full|limit 4096|turn 2" -- sh -c 'exec "$0" "$@" <"'"$T"'/long.txt"' "$K3_BIN" "$MODEL" --chat --max-tokens 4 --workers 0
+check in 0 "a 1 MB line with --max-context 100" "context full|limit 100" -- sh -c 'exec "$0" "$@" <"'"$T"'/long.txt"' "$K3_BIN" "$MODEL" --chat --max-tokens 4 --max-context 100 --workers 2
+head -c 3000000 /dev/urandom | tr -d '\n' >"$T/noise.txt"; echo >>"$T/noise.txt"
+check in 0 "3 MB of random bytes on one chat line" "" -- sh -c 'exec "$0" "$@" <"'"$T"'/noise.txt"' "$K3_BIN" "$MODEL" --chat --max-tokens 4 --workers 0
+check in 2 "--ids longer than --max-context" "--max-context 8" -- "$K3_BIN" "$MODEL" --ids 1,2,3,4,5,6,7,8,9 --gen 1 --max-context 8
+check in 2 "prompt + --gen past --max-context" "--max-context 8" -- "$K3_BIN" "$MODEL" --ids $IDS --gen 10 --max-context 8
+check in ok "prompt + --gen exactly --max-context" -- "$K3_BIN" "$MODEL" --ids $IDS --gen 4 --max-context 7 --workers 0
+"$PYTHON" -c "print('word ' * 200000)" >"$T/bigprompt.txt"
+check in 2 "a 1 MB --prompt-file with --max-context 64" "--max-context 64" -- "$K3_BIN" "$MODEL" --prompt-file "$T/bigprompt.txt" --gen 1 --max-context 64
 
 echo "t_15: bad inputs $n_in, faults injected $n_fault, resource limits $n_limit;" \
      "wrong tokens $n_wrong, signals we did not send $n_sig, hangs $n_hang, leaks $n_leak; failures $fail"

@@ -94,6 +94,33 @@ grep -q '"usage":{"prompt_tokens"' "$T/sse" || fail "stream without usage chunk"
 grep -q '"top_logprobs":\[{' "$T/sse" || fail "stream without top_logprobs"
 echo "chat: whole and streamed (SSE, [DONE], usage, logprobs)"
 
+# ---- stop strings: the text ends before the first match, finish_reason stop ----
+$PY - "$URL" "$KEY" <<'EOF' || fail "stop strings"
+import json, sys, urllib.request
+url, key = sys.argv[1:3]
+def req(extra):
+    b = {"prompt": "the expert servers", "max_tokens": 24}
+    b.update(extra)
+    return urllib.request.urlopen(urllib.request.Request(url + "/v1/completions", data=json.dumps(b).encode(),
+        headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})).read()
+full = json.loads(req({}))["choices"][0]["text"]
+printable = [i for i in range(4, len(full) - 3) if full[i:i + 3].isprintable() and full[i:i + 3].strip()]
+assert printable, repr(full)
+i = printable[len(printable) // 2]
+stop = full[i:i + 3]
+cut = full[:full.index(stop)]
+got = json.loads(req({"stop": [stop, "never-there"]}))["choices"][0]
+assert got["text"] == cut and got["finish_reason"] == "stop", (got, cut)
+text, fr = "", None
+for ev in req({"stop": stop, "stream": True}).split(b"\n\n"):
+    if ev.startswith(b"data: {"):
+        for c in json.loads(ev[6:])["choices"]:
+            text += c.get("text", "")
+            fr = c.get("finish_reason") or fr
+assert text == cut and fr == "stop", (text, cut, fr)
+print("stop strings: cut at %r (whole and streamed)" % stop)
+EOF
+
 # ---- tokenize / detokenize / metrics / page ----
 [ "$(code POST /tokenize "${auth[@]}" "${json[@]}" -d '{"prompt":"the expert servers"}')" = 200 ] || fail "/tokenize"
 toks=$($PY -c "import json; print(json.load(open('$T/body'))['tokens'])")

@@ -219,6 +219,22 @@ QURL=$URL
 $PY -c "import json; print(json.dumps({'prompt': list(range(1, 301)) * 5, 'max_tokens': 3, 'stream': True}))" > "$T/long.json"
 curl -sN "$QURL/v1/completions" "${json[@]}" --data-binary @"$T/long.json" > "$T/long.sse"
 tail -c 14 "$T/long.sse" | grep -q 'data: \[DONE\]' || fail "a stream waiting longer than --http-timeout was cut"
+# ... but a client that sends half a request and stalls is dropped after it
+$PY - "$QURL" <<'EOF' || fail "a stalled client was not dropped"
+import socket, sys, time
+from urllib.parse import urlparse
+u = urlparse(sys.argv[1])
+s = socket.create_connection((u.hostname, u.port))
+s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\"")
+s.settimeout(20)
+t = time.time()
+try:
+    got = s.recv(4096)
+except ConnectionResetError:
+    got = b""
+assert got == b"" or b" 408 " in got.split(b"\r\n")[0] or b"HTTP/1.1 4" in got, got[:80]
+print("slow client: dropped after %.1f s (--http-timeout 1)" % (time.time() - t))
+EOF
 for i in 1 2 3; do
   curl -s -o /dev/null -w '%{http_code}\n' -D "$T/q$i.h" "$QURL/v1/completions" "${json[@]}" -d '{"prompt":"x","max_tokens":400}' > "$T/q$i.code" &
 done

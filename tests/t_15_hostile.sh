@@ -156,6 +156,12 @@ for at in 1 2 3 5 8; do
   fault "server scribbles its control page at request $at" ok "corrupted its ring control page" scribble:$at:0 --workers 2
 done
 fault "scribble on worker 1, two lives" ok "restarting (2/3)" scribble:2:1:2 --workers 2
+for wk in 1 2; do for at in 1 3; do
+  fault "3 servers: worker $wk scribbles at request $at" ok "corrupted its ring control page" scribble:$at:$wk --workers 3
+done; done
+fault "scribble with --gen 0 (prefill only)" 0 "corrupted" scribble:1:0 --workers 2 --gen 0
+fault "scribble, one server owning every expert" ok "restarting (1/3)" scribble:2:0:1 --workers 1
+fault "scribble with the whole prompt in one chunk" ok "corrupted" scribble:1:1 --workers 2 --chunk 1
 fault "scribble in every life: restarts run out" 1 "giving up" scribble:1:0:9 --workers 1
 for at in 1 4; do fault "semaphore word set to 2^32-1 at request $at" ok "restarting (1/3)" semjunk:$at:0 --workers 2; done
 fault "semjunk in every life" 1 "giving up" semjunk:1:1:9 --workers 3

@@ -173,7 +173,7 @@ static const cli_flag FLAGS[] = {
     {"expert-cache-policy", "P", CLI_FN, 0, 0, 0, set_policy, "phit",
      "`lru`, `lfu` or `phit` (predicted hit, chosen by trace simulation; see docs/PERFORMANCE.md); never changes the ids"},
     {"worker-timeout-ms", "MS", CLI_LONG, OFF(timeout_ms), 100, 86400000L, NULL, "30000",
-     "a server that makes no progress this long is restarted"},
+     "a server that makes no progress, or is not ready, this long is restarted"},
     {"max-restarts", "N", CLI_LONG, OFF(max_restarts), 0, 1000, NULL, "3", "restarts per server before the run fails"},
     {"mem-gb", "X", CLI_DOUBLE, OFF(mem_gb), 0, 1e7, NULL, NULL,
      "one memory budget in GiB for the coordinator and every expert server together (fractions allowed)"},
@@ -184,7 +184,8 @@ static const cli_flag FLAGS[] = {
     {"plan-only", NULL, CLI_SWITCH, OFF(plan_only), 1, 0, NULL, NULL,
      "print the memory plan and exit; needs only `config.json` (e.g. `bin/k3 configs/kimi-k3 --plan-only --mem-gb 8`)"},
     {"max-context", "N", CLI_LONG, OFF(max_context), 1, 1L << 30, NULL, NULL,
-     "positions the MLA cache is planned for (default: prompt + gen; 4096 with `--chat` or `--plan-only`)"},
+     "positions the MLA cache is planned for and the limit of every input (default: prompt + gen; 4096 with "
+     "`--chat` or `--plan-only`); a longer prompt is refused, a longer chat message is refused with a message"},
     {"dump-expert-trace", "FILE", CLI_STR, OFF(trace_path), 0, 0, NULL, NULL,
      "every routing decision: `pos layer e1 .. ek` per line (for `scripts/sim_expert_cache.py`)"},
     {"tok", "DIR", CLI_STR, OFF(tok_dir), 0, 0, NULL, NULL,

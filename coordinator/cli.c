@@ -120,6 +120,12 @@ static const cli_flag FLAGS[] = {
     {"min-p", "M", CLI_FN, 0, 0, 0, set_sampling, "0", NULL},
     {"seed", "S", CLI_FN, 0, 0, 0, set_sampling, "0", NULL},
     {"stop-id", "N", CLI_FN, 0, 0, 0, add_stop_ids, NULL, "stop after emitting id N (repeatable, or N,M,...)"},
+    {"draft", "none|ngram|ids", CLI_STR, OFF(draft), 0, 0, NULL, "none",
+     "exact speculative decoding: proposals checked in one forward pass each; the ids are always those of plain "
+     "decoding (README \"Speculation\"); `ngram` looks the context's longest repeated suffix up"},
+    {"draft-max", "K", CLI_LONG, OFF(draft_max), 1, 63, NULL, "4", "speculation: proposals per verification pass"},
+    {"draft-ids", "FILE", CLI_STR, OFF(draft_ids), 0, 0, NULL, NULL,
+     "speculation: whitespace-separated ids proposed in order as the continuation (with `--draft ids`)"},
     {"chat", NULL, CLI_SWITCH, OFF(chat), 1, 0, NULL, NULL,
      "interactive chat on stdin/stdout (K3 XTML or K2 `<|im_*|>` template from the tokenizer); `/reset`, `/exit`; "
      "no prompt argument"},

@@ -43,6 +43,9 @@ typedef struct {
     const char *system;
     chat_template tmpl;
     long max_tokens;
+    /* speculation (draft.h) */
+    const char *draft, *draft_ids;
+    long draft_max;
     int32_t *stop_ids;
     size_t n_stop_ids;
     /* operator tools: --doctor [MODEL_DIR], --verify MODEL_DIR */

@@ -198,6 +198,7 @@ int forward_batch(engine *en, forward_seq *seqs, size_t n_seqs, k3_error *err) {
     trunk_pass_begin(en->trunk, &tp);
     size_t mark = en->arena.used;
     int rc = forward_walk(en, &tp, seqs, n_seqs, err);
+    en->passes++;
     en->arena.used = mark;
     trunk_pass_end(&tp, rc != 0);
     return rc;

@@ -37,6 +37,7 @@ typedef struct {
     size_t max_rows, max_ctx;
     int nthreads;
     scratch arena;
+    uint64_t passes;          /* forward calls made (each walks the whole trunk once) */
 } engine;
 
 typedef struct {

@@ -54,6 +54,8 @@ void gen_seq_free(gen_seq *g) {
     free(g->row);
     free(g->stop_ids);
     free(g->rows);
+    free(g->spec_rows);
+    free(g->spec_snap);
     memset(g, 0, sizeof *g);
 }
 
@@ -227,4 +229,70 @@ int feed_tokens(engine *en, seq_state *st, const int32_t *ids, size_t n, size_t 
         off += T;
     }
     return 0;
+}
+
+int gen_step_spec(engine *en, gen_seq *g, const int32_t *d, size_t k, size_t max_emit, gen_event *ev, size_t *n_ev,
+                  k3_error *err) {
+    const k3_config *c = &en->model->cfg;
+    *n_ev = 0;
+    if (max_emit == 0) return 0;
+    if (k > max_emit - 1) k = max_emit - 1;          /* picks past max_emit would be thrown away */
+    if (k + 1 > en->max_rows) k = en->max_rows - 1;
+    if (g->n + k > g->cap) k = g->cap - g->n;         /* the context bounds the proposals too */
+    if (g->full_recompute || gen_seq_pending(g) != 1 || k == 0) {
+        *n_ev = 1;
+        return gen_step(en, g, 1, ev, err);
+    }
+    for (size_t i = 0; i < k; i++)
+        if (d[i] < 0 || (size_t)d[i] >= g->vocab) return k3_fail(err, "draft id %d is outside the vocabulary", d[i]);
+    if (g->spec_rows_cap < k + 1) {
+        float *r = realloc(g->spec_rows, (k + 1) * g->vocab * sizeof *r);
+        if (!r) return k3_fail(err, "out of memory for %zu rows of verification logits", k + 1);
+        g->spec_rows = r;
+        g->spec_rows_cap = k + 1;
+    }
+    if (!g->spec_snap && !(g->spec_snap = malloc(seq_state_recurrent_bytes(c) + 1)))
+        return k3_fail(err, "out of memory for the speculation snapshot (%zu bytes)", seq_state_recurrent_bytes(c));
+    size_t pos0 = g->st.pos, n0 = g->n;
+    seq_state_save_recurrent(&g->st, c, g->spec_snap);
+    memcpy(g->ids + g->n, d, k * sizeof *d); /* proposals sit past the history while verified */
+    g->feeding = 1;
+    if (forward_chunk(en, &g->st, g->ids + pos0, k + 1, 0, g->spec_rows, err)) return -1;
+    g->spec_passes++;
+    g->spec_proposed += k;
+    size_t e = 0;
+    int rc = 0;
+    for (size_t i = 0; i <= k; i++) {
+        const float *row = g->spec_rows + i * g->vocab;
+        if (g->on_row && pos0 + i >= g->rows_next) {
+            g->on_row(g->on_row_ctx, pos0 + i, row);
+            g->rows_next = pos0 + i + 1;
+        }
+        gen_event *x = &ev[e];
+        memset(x, 0, sizeof *x);
+        memcpy(g->row, row, g->vocab * sizeof *row);
+        g->st.pos = pos0 + i + 1;   /* pick() reads the position it picks at from here */
+        g->n = n0 + i;
+        pick(g, x);
+        if (x->status == GEN_CONTEXT_FULL && e > 0) break; /* the next plain step reports it */
+        if (x->status) { rc = x->status; k3_fail(err, "%s", x->why); break; }
+        e++;
+        int match = i < k && x->id == d[i];
+        if (match) g->spec_accepted++;
+        if (x->stop || e == max_emit || !match) break;
+    }
+    /* fed: [pending, picks 0..e-2] = e ids from pos0; the last pick is pending */
+    g->n = n0 + e;
+    if (e < k + 1) {
+        seq_state_restore_recurrent(&g->st, c, g->spec_snap, pos0);
+        if (e > 0) {
+            g->spec_refeeds++;
+            if (forward_chunk(en, &g->st, g->ids + pos0, e, e, NULL, err)) return -1;
+        }
+    } else {
+        g->st.pos = pos0 + k + 1;
+    }
+    g->feeding = 0;
+    *n_ev = e;
+    return rc;
 }

@@ -55,6 +55,11 @@ typedef struct {
     float *rows;             /* [chunk][vocab] while rows are watched */
     size_t rows_cap;         /* rows the buffer holds */
     int feeding;             /* a prefill is under way (full_recompute resets once per token) */
+    /* speculation (gen_step_spec): rows of a verification pass, the recurrent snapshot, counters */
+    float *spec_rows;
+    size_t spec_rows_cap;
+    void *spec_snap;
+    uint64_t spec_passes, spec_proposed, spec_accepted, spec_refeeds;
     /* optional streaming */
     void (*on_token)(void *ctx, int32_t id, int stop);
     void *on_token_ctx;
@@ -87,6 +92,21 @@ static inline size_t gen_seq_pending(const gen_seq *g) { return g->n - g->st.pos
 int gen_step_batch(engine *en, gen_seq *const *g, size_t n, size_t chunk, gen_event *ev, k3_error *err);
 int gen_step(engine *en, gen_seq *g, size_t chunk, gen_event *ev, k3_error *err);
 int gen_feed(engine *en, gen_seq *g, size_t chunk, k3_error *err);
+
+/* Exact speculation. With exactly one pending id (the last pick) and proposals d[0..k) for
+ * the ids after it: ONE forward over [pending, d0..d(k-1)] with the logits of all k+1 rows,
+ * then picks in order with the sampler, exactly as plain decoding would (the same logits
+ * bits, one generator draw per pick): pick i comes from row i; the step goes on while pick
+ * i == d[i], and ends at the first mismatch (that pick is the correction), after the pick
+ * from the last row (all accepted: a bonus id), at a stop id, or after max_emit picks. Each
+ * pick is an event (ev[0..*n_ev), room for k+1). The state ends as plain decoding leaves
+ * it: every emitted id fed but the last, which is pending. When fewer than k+1 rows were
+ * kept, the KDA recurrent state is restored from a snapshot taken before the pass and the
+ * kept ids re-fed (MLA rows past the kept positions are simply overwritten later). Ids and
+ * logits are those of plain decoding, always. Without exactly one pending id, or with
+ * k == 0, it is one gen_step. Returns like gen_step. */
+int gen_step_spec(engine *en, gen_seq *g, const int32_t *d, size_t k, size_t max_emit, gen_event *ev, size_t *n_ev,
+                  k3_error *err);
 
 /* Feeds ids[0..n) through st in chunks, keeping the logits of positions >= want_from
  * at logits[(p - want_from) * vocab] (tests and tools; generation uses gen_step). */

@@ -18,6 +18,7 @@
 #include "coordinator/sampler.h"
 #include "coordinator/server_http.h"
 #include "coordinator/experts_local.h"
+#include "coordinator/draft.h"
 #include "coordinator/generate.h"
 #include "coordinator/outputs.h"
 #include "coordinator/plan.h"
@@ -53,6 +54,7 @@ typedef struct {
     float *rows;         /* logits rows, positions first_pos.. */
     size_t first_pos, n_rows;
     double prefill_s, decode_s;
+    uint64_t spec_passes, spec_proposed, spec_accepted, spec_refeeds, decode_passes;
     int streamed;        /* the text was printed while generating */
 } run_result;
 
@@ -97,7 +99,8 @@ static void keep_row(void *ctx, size_t pos, const float *row) {
 
 /* Runs the generation through the one generation step; with stream_tok, the
  * generated text goes to stdout as it is produced. Returns an exit status. */
-static int run(engine *en, const options *o, const tokenizer *stream_tok, run_result *r, k3_error *err) {
+static int run(engine *en, const options *o, const draft_source *draft, const tokenizer *stream_tok, run_result *r,
+               k3_error *err) {
     const k3_config *c = &en->model->cfg;
     size_t V = (size_t)c->vocab_size, n = r->n_prompt, N = (size_t)o->gen;
     r->first_pos = o->teacher_force ? 0 : n - 1;
@@ -121,18 +124,32 @@ static int run(engine *en, const options *o, const tokenizer *stream_tok, run_re
     if (keep && gen_seq_watch_rows(&g, r->first_pos, (size_t)o->chunk, keep_row, &rk, err)) goto out;
     if (gen_seq_push(&g, r->seq, n, err)) goto out;
     double t0 = k3_now_s();
+    uint64_t passes0 = en->passes;
     if (N == 0) {
         if (gen_feed(en, &g, (size_t)o->chunk, err)) goto out;
         r->prefill_s = k3_now_s() - t0;
     }
-    for (size_t i = 0; i < N; i++) {
-        gen_event ev;
-        if (gen_step(en, &g, (size_t)o->chunk, &ev, err)) goto out;
-        if (i == 0) { r->prefill_s = k3_now_s() - t0; t0 = k3_now_s(); }
-        r->seq[n + i] = ev.id;
-        r->n_gen = i + 1;
-        if (ev.stop) break;
+    for (size_t i = 0; i < N;) {
+        gen_event ev[64];
+        size_t nev = 1;
+        int32_t prop[63];
+        size_t k = i > 0 && draft ? draft_propose(draft, g.ids, g.n, i, prop, (size_t)o->draft_max) : 0;
+        if (k ? gen_step_spec(en, &g, prop, k, N - i, ev, &nev, err) : gen_step(en, &g, (size_t)o->chunk, ev, err))
+            goto out;
+        if (i == 0) { r->prefill_s = k3_now_s() - t0; t0 = k3_now_s(); passes0 = en->passes; }
+        int stop = 0;
+        for (size_t j = 0; j < nev && !stop; j++) {
+            r->seq[n + i] = ev[j].id;
+            r->n_gen = ++i;
+            stop = ev[j].stop;
+        }
+        if (stop) break;
     }
+    r->decode_passes = en->passes - passes0;
+    r->spec_passes = g.spec_passes;
+    r->spec_proposed = g.spec_proposed;
+    r->spec_accepted = g.spec_accepted;
+    r->spec_refeeds = g.spec_refeeds;
     if (stream_tok) {
         char tail[UTF8_STREAM_MAX_OUT(0)];
         fwrite(tail, 1, utf8_stream_flush(&tp.us, tail), stdout);
@@ -267,6 +284,25 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         json_object_set_new(tm, "decode_tokens", json_integer((json_int_t)n_dec));
         json_object_set_new(tm, "decode_tokens_per_s", json_real(r->decode_s > 0 ? (double)n_dec / r->decode_s : 0));
         json_object_set_new(j, "timing", tm);
+        /* passes over the weights per generated token after the first: 1 in plain decoding, less
+         * with accepted speculation; each pass reads the whole trunk and the routed experts */
+        uint64_t trunk_bytes = 0;
+        for (int u = 0; u < en->model->n_units; u++) trunk_bytes += en->model->units[u].bytes;
+        trunk_bytes += (uint64_t)en->model->lm_head.rows * en->model->lm_head.cols * (en->model->lm_head.dtype == DTYPE_F32 ? 4 : 2);
+        json_t *sp = json_object();
+        json_object_set_new(sp, "draft", json_string(o->draft ? o->draft : "none"));
+        json_object_set_new(sp, "draft_max", json_integer(o->draft_max));
+        json_object_set_new(sp, "verify_passes", json_integer((json_int_t)r->spec_passes));
+        json_object_set_new(sp, "proposed", json_integer((json_int_t)r->spec_proposed));
+        json_object_set_new(sp, "accepted", json_integer((json_int_t)r->spec_accepted));
+        json_object_set_new(sp, "refeeds", json_integer((json_int_t)r->spec_refeeds));
+        json_object_set_new(sp, "decode_passes", json_integer((json_int_t)r->decode_passes));
+        json_object_set_new(sp, "trunk_bytes_per_pass", json_integer((json_int_t)trunk_bytes));
+        json_object_set_new(sp, "passes_per_token",
+                            json_real(n_dec ? (double)r->decode_passes / (double)n_dec : 0));
+        json_object_set_new(sp, "trunk_bytes_per_token",
+                            json_real(n_dec ? (double)r->decode_passes * (double)trunk_bytes / (double)n_dec : 0));
+        json_object_set_new(j, "speculation", sp);
         json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)ru.ru_maxrss * 1024));
         json_object_set_new(j, "n_workers", json_integer(ri->n_workers));
         if (ri->n_workers > 0) json_object_set_new(j, "workers", workers_json(ri->eb, ri->n_workers));
@@ -397,6 +433,16 @@ int main(int argc, char **argv) {
     if (o.verify) return outputs_finish(verify_run(&(verify_options){o.model_dir, o.sha256, o.expect_path, o.json_path, (int)o.threads, 0}));
     if (o.doctor) return outputs_finish(doctor_run(&(doctor_options){o.model_dir, o.json_path, o.chunk, o.mem_gb}));
     if (o.plan_only) return outputs_finish(plan_only(&o));
+    draft_source draft;
+    {
+        k3_error de = {0};
+        if (draft_open(&draft, o.draft, o.draft_ids, &de)) { fprintf(stderr, "k3: %s\n", de.msg); return outputs_finish(EXIT_USAGE); }
+        if (draft.kind != DRAFT_NONE && (o.chat || o.serve || o.full_recompute)) {
+            fprintf(stderr, "k3: --draft works with --ids/--prompt runs (not yet with --chat, --serve or --full-recompute)\n");
+            draft_close(&draft);
+            return outputs_finish(EXIT_USAGE);
+        }
+    }
     /* Idle OpenMP threads must sleep, not spin: with expert servers the
      * coordinator's cores sit idle while they compute, and on a shared machine a
      * spinning barrier waits for a descheduled thread (measured: 3-4x slower
@@ -530,7 +576,7 @@ int main(int argc, char **argv) {
         if (trace) fclose(trace);
         goto done;
     }
-    status = run(&en, &o, o.ids_arg ? NULL : tok, &r, &err);
+    status = run(&en, &o, draft.kind != DRAFT_NONE ? &draft : NULL, o.ids_arg ? NULL : tok, &r, &err);
     int trace_err = 0;
     if (trace && ((ferror(trace) | fclose(trace)) != 0)) trace_err = errno ? errno : EIO;
     if (status != EXIT_OK) fprintf(stderr, "k3: %s\n", err.msg);
@@ -540,6 +586,7 @@ int main(int argc, char **argv) {
         if (status == EXIT_OK) status = EXIT_RUNTIME;
     }
 done:
+    draft_close(&draft);
     engine_free(&en);
     if (eb.destroy) eb.destroy(&eb);
     trunk_free(tr);

@@ -55,3 +55,33 @@ void seq_state_free(seq_state *s) {
     free(s->mla);
     memset(s, 0, sizeof *s);
 }
+
+size_t seq_state_recurrent_bytes(const k3_config *cfg) {
+    size_t n = 0;
+    for (int l = 0; l < cfg->num_hidden_layers; l++)
+        if (!cfg->layer_is_mla[l]) n += (kda_s_floats(cfg) + kda_conv_floats(cfg)) * sizeof(float);
+    return n;
+}
+
+void seq_state_save_recurrent(const seq_state *s, const k3_config *cfg, void *buf) {
+    char *p = buf;
+    for (int l = 0; l < s->n_layers; l++) {
+        if (!s->kda[l].S) continue;
+        memcpy(p, s->kda[l].S, kda_s_floats(cfg) * sizeof(float));
+        p += kda_s_floats(cfg) * sizeof(float);
+        memcpy(p, s->kda[l].conv, kda_conv_floats(cfg) * sizeof(float));
+        p += kda_conv_floats(cfg) * sizeof(float);
+    }
+}
+
+void seq_state_restore_recurrent(seq_state *s, const k3_config *cfg, const void *buf, size_t pos) {
+    const char *p = buf;
+    for (int l = 0; l < s->n_layers; l++) {
+        if (!s->kda[l].S) continue;
+        memcpy(s->kda[l].S, p, kda_s_floats(cfg) * sizeof(float));
+        p += kda_s_floats(cfg) * sizeof(float);
+        memcpy(s->kda[l].conv, p, kda_conv_floats(cfg) * sizeof(float));
+        p += kda_conv_floats(cfg) * sizeof(float);
+    }
+    s->pos = pos;
+}

@@ -38,5 +38,12 @@ void seq_state_reset(seq_state *s, const k3_config *cfg);
  * need past it is refused and no cache grows beyond it. */
 int seq_state_reserve(seq_state *s, const k3_config *cfg, size_t need, k3_error *err);
 void seq_state_free(seq_state *s);
+/* The recurrent part (every KDA layer's S and conv history): what cannot be cut back to an
+ * earlier position. Bytes of a copy, save into buf, and restore with the position it had
+ * (MLA rows below that position are untouched by later feeds of higher positions, so
+ * restoring the recurrent part and pos rolls a sequence back exactly). */
+size_t seq_state_recurrent_bytes(const k3_config *cfg);
+void seq_state_save_recurrent(const seq_state *s, const k3_config *cfg, void *buf);
+void seq_state_restore_recurrent(seq_state *s, const k3_config *cfg, const void *buf, size_t pos);
 
 #endif

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# t_65_speculation.sh - exact speculative decoding: with every draft source, at 100 %,
+# partial and 0 % acceptance, greedy and seeded sampling, in-process and with expert
+# servers, at the memory floor, the ids AND the logits rows are those of plain decoding;
+# stop ids and --gen are respected inside an accepted run; a server killed during a
+# verification pass changes nothing.
+set -u
+cd "$(dirname "$0")/.."
+K3="${K3_BIN:-bin/k3}"
+T="${K3_TEST_TMP:-/tmp}/t65.$$"
+mkdir -p "$T"
+trap 'rm -rf "$T"' EXIT
+fail=0
+bad() { echo "FAIL: $*"; fail=1; }
+M=tests/models/m13
+P="5,17,300,42,7,99,256,1,5,17,300,42"
+run() { "$K3" $M --ids $P --gen 14 "$@" 2>"$T/err" || { cat "$T/err"; return 1; }; }
+
+for mode in "--workers 0" "--workers 2" "--workers 0 --mem-gb 0.018" "--workers 0 --temperature 0.8 --top-p 0.9 --seed 7"; do
+  run $mode --dump-logits "$T/base.f32" > "$T/base.ids" || bad "plain run ($mode)"
+  tr ' ' '\n' < "$T/base.ids" > "$T/good.ids"
+  # partial: the right ids with every third one wrong
+  awk '{ if (NR % 3 == 0) print ($1 + 1) % 600; else print $1 }' "$T/good.ids" > "$T/part.ids"
+  seq 600 620 > "$T/wrong.ids"
+  for d in "ids --draft-ids $T/good.ids" "ids --draft-ids $T/part.ids" "ids --draft-ids $T/wrong.ids" "ngram"; do
+    for k in 1 4 9; do
+      run $mode --draft $d --draft-max $k --dump-logits "$T/s.f32" --json "$T/s.json" > "$T/s.ids" || { bad "run ($mode, --draft $d, k $k)"; continue; }
+      cmp -s "$T/s.ids" "$T/base.ids" || bad "ids differ ($mode, --draft $d, k $k)"
+      cmp -s "$T/s.f32" "$T/base.f32" || bad "logits differ ($mode, --draft $d, k $k)"
+    done
+  done
+  # 100 % acceptance really skips passes; 0 % accepts nothing
+  run $mode --draft ids --draft-ids "$T/good.ids" --draft-max 4 --json "$T/g.json" > /dev/null
+  run $mode --draft ids --draft-ids "$T/wrong.ids" --draft-max 4 --json "$T/w.json" > /dev/null
+  "${PYTHON:-/usr/bin/python3}" - "$T/g.json" "$T/w.json" <<'PY' || bad "acceptance counters ($mode)"
+import json, sys
+g = json.load(open(sys.argv[1]))["speculation"]; w = json.load(open(sys.argv[2]))["speculation"]
+assert g["accepted"] == g["proposed"] > 0 and g["passes_per_token"] < 0.5, g
+assert w["accepted"] == 0 and w["proposed"] > 0, w
+PY
+done
+
+# a stop id inside an accepted run ends it there; --gen bounds it
+run --workers 0 > "$T/base.ids"
+tr ' ' '\n' < "$T/base.ids" > "$T/good.ids"
+stop=$(awk '{print $6}' "$T/base.ids")
+want=$(awk -v s="$stop" '{ out=""; for (i = 1; i <= NF; i++) { out = out (i > 1 ? " " : "") $i; if ($i == s) break } print out }' "$T/base.ids")
+got=$(run --workers 0 --stop-id "$stop" --draft ids --draft-ids "$T/good.ids" --draft-max 8)
+[ "$got" = "$want" ] || bad "stop id inside an accepted run: got '$got' want '$want'"
+got=$("$K3" $M --ids $P --gen 5 --workers 0 --draft ids --draft-ids "$T/good.ids" --draft-max 8 2>/dev/null)
+[ "$got" = "$(awk '{print $1, $2, $3, $4, $5}' "$T/base.ids")" ] || bad "--gen 5 with 8 proposals: got '$got'"
+
+# an expert server SIGKILLed during verification passes: same ids
+K3_FAULT=crash:4:1 "$K3" $M --ids $P --gen 14 --workers 2 --draft ids --draft-ids "$T/good.ids" --draft-max 4 \
+  > "$T/k.ids" 2> "$T/k.err" || bad "run with a crashing server"
+grep -q "killed by signal 9" "$T/k.err" || bad "the server crash was not injected"
+cmp -s "$T/k.ids" "$T/base.ids" || bad "ids differ after a server crash during verification"
+
+# refusals
+"$K3" $M --ids $P --draft ids 2>/dev/null; [ $? -eq 2 ] || bad "--draft ids without --draft-ids must exit 2"
+"$K3" $M --ids $P --draft bogus 2>/dev/null; [ $? -eq 2 ] || bad "--draft bogus must exit 2"
+echo "1 x 2" > "$T/junk.ids"
+"$K3" $M --ids $P --draft ids --draft-ids "$T/junk.ids" 2>/dev/null; [ $? -eq 2 ] || bad "a junk --draft-ids file must exit 2"
+[ $fail -eq 0 ] && echo "t_65_speculation: ok"
+exit $fail

@@ -1,4 +1,4 @@
-/* forward.h - one forward pass over a batch of sequences (docs/MODEL.md; K3-MODEL.md 4.5).
+/* forward.h - one forward pass over a batch of sequences (docs/MODEL.md 4.5).
  *
  * forward_batch feeds each sequence i its n tokens at positions st->pos.., advances
  * its st->pos by n, and writes the logits of its rows logits_from..n-1 into

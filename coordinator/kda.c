@@ -1,4 +1,4 @@
-/* kda.c - Kimi Delta Attention over a chunk of tokens (K3-MODEL.md 4.2).
+/* kda.c - Kimi Delta Attention over a chunk of tokens (docs/MODEL.md 4.2).
  *
  * Order per token and head: short conv + SiLU on q,k,v; q = L2norm(q)*D^-0.5,
  * k = L2norm(k); beta = sigmoid(b); alpha = exp(g) with the per-HEAD A_log;

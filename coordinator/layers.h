@@ -7,7 +7,7 @@
  * Trunk matrices are made readable through the pass tp (trunk_matmul /
  * trunk_get) in the order model.c registered them; the caller releases the last
  * unit. Layer code never allocates: temporaries come from the scratch arena.
- * Sections refer to K3-MODEL.md. */
+ * Sections refer to docs/MODEL.md. */
 #ifndef K3_LAYERS_H
 #define K3_LAYERS_H
 

@@ -405,6 +405,29 @@ static void list_presets(void) {
     }
 }
 
+/* Positions one sequence may reach: --max-context, else the prompt and the tokens
+ * to generate (4096 for --chat, --serve and --plan-only). */
+static size_t sequence_context(const options *o, size_t n_prompt) {
+    return o->max_context ? (size_t)o->max_context : (o->chat || o->serve || o->plan_only) ? 4096 : n_prompt + (size_t)o->gen;
+}
+
+/* Positions the MLA cache is planned for: --serve holds one cache per slot. */
+static size_t planned_context(const options *o, size_t n_prompt) {
+    return sequence_context(o, n_prompt) * (o->serve ? (size_t)o->parallel : 1);
+}
+
+/* THE plan of a run and of --plan-only (m == NULL: from the config alone): the same
+ * inputs give the same plan, --expert-cache-mb included. */
+static int make_plan(const options *o, const k3_config *cfg, const k3_model *m, uint64_t budget, int n_workers, size_t ctx,
+                     mem_plan *plan, k3_error *err) {
+    if (plan_make(plan, cfg, m, budget, n_workers, (size_t)o->chunk, ctx, err)) return -1;
+    if (o->cache_mb > 0 && plan_set_expert_cache(plan, (uint64_t)(o->cache_mb * 1048576.0), err)) {
+        plan_free(plan);
+        return -1;
+    }
+    return 0;
+}
+
 /* --plan-only: the plan from config.json alone (no weights needed). */
 static int plan_only(const options *o) {
     k3_config cfg;
@@ -413,8 +436,7 @@ static int plan_only(const options *o) {
     if (budget_bytes(o, &budget)) return EXIT_USAGE;
     if (config_load(o->model_dir, &cfg, &err)) { fprintf(stderr, "k3: refusing model: %s\n", err.msg); return EXIT_USAGE; }
     mem_plan plan;
-    size_t ctx = o->max_context ? (size_t)o->max_context : 4096;
-    int rc = plan_make(&plan, &cfg, NULL, budget, workers_wanted(o), (size_t)o->chunk, ctx, &err);
+    int rc = make_plan(o, &cfg, NULL, budget, workers_wanted(o), planned_context(o, 0), &plan, &err);
     if (rc) fprintf(stderr, "k3: %s\n", err.msg);
     else plan_print(&plan, &cfg, stdout);
     plan_free(&plan);
@@ -508,14 +530,13 @@ int main(int argc, char **argv) {
         fprintf(stderr, "k3: %s\n", err.msg);
         goto done;
     }
-    size_t ctx = o.max_context ? (size_t)o.max_context : (o.chat || o.serve) ? 4096 : n + (size_t)o.gen;
+    size_t plan_ctx = sequence_context(&o, n);
     if (o.max_context && !o.chat && !o.serve && n + (size_t)o.gen > (size_t)o.max_context) {
         fprintf(stderr, "k3: the prompt (%zu tokens) plus --gen %ld exceeds --max-context %ld\n", n, o.gen, o.max_context);
         goto done;
     }
-    size_t plan_ctx = ctx;
-    if (o.serve) ctx *= (size_t)o.parallel; /* every slot holds its own MLA cache */
-    if (plan_make(&plan, &m.cfg, &m, budget, ri.n_workers, (size_t)o.chunk, ctx, &err)) {
+    size_t ctx = planned_context(&o, n);
+    if (make_plan(&o, &m.cfg, &m, budget, ri.n_workers, ctx, &plan, &err)) {
         fprintf(stderr, "k3: %s\n", err.msg);
         goto done;
     }
@@ -523,7 +544,7 @@ int main(int argc, char **argv) {
     status = EXIT_RUNTIME;
     trunk_config tc = {plan.n_pinned, plan.n_slots, plan.lm_chunk_rows};
     if (!(tr = trunk_create(&m, &tc, &err))) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
-    uint64_t cache_bytes = o.cache_mb > 0 ? (uint64_t)(o.cache_mb * 1048576.0) : plan.expert_cache_per_worker;
+    uint64_t cache_bytes = plan.expert_cache_per_worker; /* --expert-cache-mb is in the plan */
     if (start_backend(&o, &m, k, ri.threads, ri.n_workers, cache_bytes, &eb, &err)) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
     ri.eb = &eb;
     ri.plan = &plan;

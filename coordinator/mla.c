@@ -1,4 +1,4 @@
-/* mla.c - gated multi-head latent attention, NoPE (K3-MODEL.md 4.3).
+/* mla.c - gated multi-head latent attention, NoPE (docs/MODEL.md 4.3).
  *
  * The cache holds per position [RMSNorm(c_kv) | k_pe] (kv_lora + rope floats).
  * kv_b is applied on use by absorption: for head h,

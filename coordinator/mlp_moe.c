@@ -1,4 +1,4 @@
-/* mlp_moe.c - dense SiTU MLP and the Stable LatentMoE layer (K3-MODEL.md 4.1, 4.4). */
+/* mlp_moe.c - dense SiTU MLP and the Stable LatentMoE layer (docs/MODEL.md 4.1, 4.4). */
 #include "common/activations.h"
 #include "coordinator/layers.h"
 #include <math.h>

@@ -2,7 +2,8 @@
 # One plan (issue 8 item 1): `--plan-only` (config.json alone) and a loaded run
 # print the same memory plan, line for line, at the same budget, --max-context
 # and worker count, on both committed models; and every expert server gets
-# exactly the cache slots the plan printed as "experts per server".
+# exactly the cache slots the plan printed as "experts per server" (also when
+# --expert-cache-mb sets the cache: the plan takes it).
 set -u
 cd "$(dirname "$0")/.."
 K3="${K3_BIN:-bin/k3}"
@@ -25,7 +26,7 @@ for name in m13 m14b12; do
     # below the floor, at it, partly pinned trunk, trunk pinned with part of the
     # experts cached, everything, and the max preset
     for budget in "--mem-gb $(gib -4096)" "--mem-gb $(gib 0)" "--mem-gb $(gib 1000000)" "--mem-gb $(gib 3500000)" \
-                  "--mem-gb $(gib 100000000)" "--preset max"; do
+                  "--mem-gb $(gib 100000000)" "--preset max" "--mem-gb $(gib 1000000) --expert-cache-mb 0.05"; do
       for ctx in 40 300; do
         # the second context size only at one budget: short, and both sizes are seen per model
         [ "$ctx" = 300 ] && [ "$budget" != "--mem-gb $(gib 1000000)" ] && continue
@@ -61,6 +62,13 @@ for name in m13 m14b12; do
     done
   done
 done
-[ $n -ge 24 ] || fail "only $n comparisons ran"
+[ $n -ge 30 ] || fail "only $n comparisons ran"
+# an --expert-cache-mb below one expert slot is refused by both, naming the slot's bytes
+for mode in "--ids 1,2 --gen 1" "--plan-only"; do
+  "$K3" tests/models/m13 $mode --expert-cache-mb 0.001 > /dev/null 2> "$T/small.err"
+  rc=$?
+  [ $rc = 2 ] && grep -q "below one expert" "$T/small.err" && grep -q "12288 bytes" "$T/small.err" \
+    || { cat "$T/small.err"; fail "$mode: a cache below one slot: exit $rc"; }
+done
 [ $refused -ge 6 ] || fail "only $refused below-floor refusals compared"
 echo ok

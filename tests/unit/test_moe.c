@@ -1,4 +1,4 @@
-/* test_moe.c - routing and combine traps (K3-MODEL.md 4.4, section 5 items 3 and 10)
+/* test_moe.c - routing and combine traps (docs/MODEL.md 4.4, section 5 items 3 and 10)
  * that a whole-model test cannot see: the bias steers selection only, weights are
  * the unbiased sigmoid scores renormalised, ties go to the lower id, and the
  * expert outputs are summed in top-k order (an id-sorted sum gives other bits). */

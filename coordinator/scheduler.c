@@ -275,7 +275,7 @@ static void *loop(void *arg) {
         pthread_mutex_unlock(&s->mu);
 
         /* the step: one token per decoding slot, prompt chunks from what is left of the budget */
-        size_t budget = s->cfg.chunk > decoding ? s->cfg.chunk - decoding : 1, n_seqs = 0;
+        size_t budget = s->cfg.chunk > decoding ? s->cfg.chunk - decoding : 0, n_seqs = 0; /* rows <= chunk = the engine's max_rows */
         for (size_t i = 0; i < P; i++) {
             slot *sl = &s->slots[i];
             gen_request *r = sl->req;

@@ -15,6 +15,9 @@ BIN     ?= bin
 AVX2_FLAGS   = -mavx2 -mfma
 SHANI_FLAGS  = -msha -msse4.1 -mssse3
 AVX512_FLAGS = -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma
+# Open MPI (--mpi): only coordinator/experts_mpi.c includes mpi.h and only bin/k3 links libmpi.
+MPI_CFLAGS  := $(shell mpicc --showme:compile 2>/dev/null)
+MPI_LIBS    := $(shell mpicc --showme:link 2>/dev/null)
 
 COMMON_SRCS = $(sort $(wildcard common/*.c))
 WORKER_SRCS = $(filter-out workers/expertd_main.c,$(sort $(wildcard workers/*.c)))
@@ -35,7 +38,7 @@ all: $(PROGS) $(UNIT_BINS)
 
 $(BUILD)/%.o: %.c $(wildcard common/*.h coordinator/*.h workers/*.h)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(if $(findstring _avx512,$<),$(AVX512_FLAGS),$(if $(findstring _avx2,$<),$(AVX2_FLAGS)))$(if $(findstring _shani,$<), $(SHANI_FLAGS)) -c $< -o $@
+	$(CC) $(CFLAGS) $(if $(findstring _avx512,$<),$(AVX512_FLAGS),$(if $(findstring _avx2,$<),$(AVX2_FLAGS)))$(if $(findstring _shani,$<), $(SHANI_FLAGS))$(if $(findstring _mpi,$<), $(MPI_CFLAGS)) -c $< -o $@
 
 $(LIB): $(LIB_OBJS)
 	@mkdir -p $(dir $@)
@@ -43,7 +46,7 @@ $(LIB): $(LIB_OBJS)
 
 $(BIN)/k3: $(BUILD)/coordinator/main.o $(LIB)
 	@mkdir -p $(BIN)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(MPI_LIBS)
 
 $(BIN)/k3-expertd: $(BUILD)/workers/expertd_main.o $(LIB)
 	@mkdir -p $(BIN)

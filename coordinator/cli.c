@@ -120,6 +120,9 @@ static const cli_flag FLAGS[] = {
     {"min-p", "M", CLI_FN, 0, 0, 0, set_sampling, "0", NULL},
     {"seed", "S", CLI_FN, 0, 0, 0, set_sampling, "0", NULL},
     {"stop-id", "N", CLI_FN, 0, 0, 0, add_stop_ids, NULL, "stop after emitting id N (repeatable, or N,M,...)"},
+    {"mpi", NULL, CLI_SWITCH, OFF(mpi), 1, 0, NULL, NULL,
+     "run under `mpirun -np N`: rank 0 coordinates, ranks 1..N-1 serve disjoint expert sets from their own hosts "
+     "(README \"Several machines\"); `--worker-timeout-ms` bounds a rank's silence"},
     {"draft", "none|ngram|ids", CLI_STR, OFF(draft), 0, 0, NULL, "none",
      "exact speculative decoding: proposals checked in one forward pass each; the ids are always those of plain "
      "decoding (README \"Speculation\"); `ngram` looks the context's longest repeated suffix up"},

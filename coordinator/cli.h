@@ -45,6 +45,7 @@ typedef struct {
     long max_tokens;
     /* speculation (draft.h) */
     const char *draft, *draft_ids;
+    int mpi;                  /* --mpi: expert ranks over Open MPI (experts_mpi.h) */
     long draft_max;
     int32_t *stop_ids;
     size_t n_stop_ids;

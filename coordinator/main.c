@@ -18,6 +18,7 @@
 #include "coordinator/sampler.h"
 #include "coordinator/server_http.h"
 #include "coordinator/experts_local.h"
+#include "coordinator/experts_mpi.h"
 #include "coordinator/draft.h"
 #include "coordinator/generate.h"
 #include "coordinator/outputs.h"
@@ -205,7 +206,7 @@ static void trace_route(void *ctx, int layer, size_t position, const int32_t *id
 
 typedef struct {
     double load_s;
-    int threads, n_workers;
+    int threads, n_workers, mpi;
     const expert_backend *eb;
     const tokenizer *tok;
     const mem_plan *plan;
@@ -224,7 +225,7 @@ static json_t *memory_json(const run_info *ri, const expert_backend *eb) {
         misses += ws.misses;
         bytes += ws.bytes_read;
     }
-    if (ri->n_workers == 0) bytes = experts_local_stats(eb, &hits, &misses);
+    if (ri->n_workers == 0 && !ri->mpi) bytes = experts_local_stats(eb, &hits, &misses);
     trunk_stats ts = trunk_get_stats(ri->trunk);
     json_object_set_new(j, "budget_bytes", json_integer((json_int_t)p->budget));
     json_object_set_new(j, "floor_bytes", json_integer((json_int_t)p->floor));
@@ -328,7 +329,7 @@ static void engine_stats(void *ctx, server_engine_stats *st) {
         st->expert_bytes_read += ws.bytes_read;
         st->expert_restarts += ws.restarts;
     }
-    if (ri->n_workers == 0) st->expert_bytes_read = experts_local_stats(ri->eb, &st->expert_hits, &st->expert_misses);
+    if (ri->n_workers == 0 && !ri->mpi) st->expert_bytes_read = experts_local_stats(ri->eb, &st->expert_hits, &st->expert_misses);
     st->trunk_bytes_streamed = trunk_get_stats(ri->trunk).bytes_streamed;
 }
 
@@ -362,6 +363,11 @@ static int start_backend(const options *o, k3_model *m, const kernels *k, int th
                          expert_backend *eb, k3_error *err) {
     cache_policy pol = CACHE_POLICY_DEFAULT;
     if (o->cache_policy && cache_policy_parse(o->cache_policy, &pol)) return k3_fail(err, "unknown expert-cache policy");
+    if (o->mpi) {
+        mpi_options mo = {o->model_dir, (int)o->timeout_ms, o->cache_mb > 0 ? (uint64_t)(o->cache_mb * 1048576.0) : 0,
+                          o->cache_policy, k->name, (int)o->worker_threads, (size_t)o->chunk};
+        return experts_mpi_create(eb, m, &mo, err);
+    }
     if (nw == 0) return experts_local_create(eb, m, k, cache_bytes, pol, err);
     if (o->numa && numa_available() >= 0 && numa_num_configured_nodes() > 1) {
         /* the coordinator's threads and memory stay on the node it started on */
@@ -444,7 +450,7 @@ static int plan_only(const options *o) {
     return rc ? EXIT_USAGE : EXIT_OK;
 }
 
-int main(int argc, char **argv) {
+static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     options o;
     if (cli_parse(argc, argv, &o)) { cli_usage(stderr); return EXIT_USAGE; }
     if (outputs_init()) return EXIT_RUNTIME; /* stdout closed */
@@ -473,6 +479,23 @@ int main(int argc, char **argv) {
     if (!getenv("OMP_WAIT_POLICY")) {
         setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
         execv("/proc/self/exe", argv);
+    }
+    if (o.mpi) {
+        k3_error me = {0};
+        if (o.chat) { fprintf(stderr, "k3: --mpi works with --ids/--prompt runs and --serve, not --chat\n"); draft_close(&draft); return EXIT_USAGE; }
+        if (experts_mpi_init(&argc, &argv, mpi_rank, mpi_size, &me)) {
+            fprintf(stderr, "k3: %s\n", me.msg);
+            draft_close(&draft);
+            return EXIT_USAGE;
+        }
+        if (*mpi_rank > 0) { /* an expert rank: serve until rank 0 is done */
+            draft_close(&draft);
+            if (o.threads) omp_set_num_threads((int)o.threads);
+            mpi_options mo = {o.model_dir, (int)o.timeout_ms, o.cache_mb > 0 ? (uint64_t)(o.cache_mb * 1048576.0) : 0,
+                              o.cache_policy, o.simd == SIMD_AUTO ? "auto" : o.simd == SIMD_SCALAR ? "scalar" : o.simd == SIMD_AVX2 ? "avx2" : "avx512",
+                              (int)o.worker_threads, (size_t)o.chunk};
+            return experts_mpi_serve(&mo);
+        }
     }
     const kernels *k = kernels_get(o.simd);
     if (!k) {
@@ -525,7 +548,8 @@ int main(int argc, char **argv) {
     uint64_t budget;
     status = EXIT_USAGE;
     if (budget_bytes(&o, &budget)) goto done;
-    ri.n_workers = workers_wanted(&o);
+    ri.n_workers = o.mpi ? 0 : workers_wanted(&o);
+    ri.mpi = o.mpi;
     if (workers_pool_check(&m, ri.n_workers, o.cache_mb > 0 ? (uint64_t)(o.cache_mb * 1048576.0) + 1 : 0, &err)) {
         fprintf(stderr, "k3: %s\n", err.msg);
         goto done;
@@ -620,4 +644,12 @@ done:
     model_free(&m);
     tokenizer_free(tok);
     return outputs_finish(status);
+}
+
+int main(int argc, char **argv) {
+    int mpi_rank = -1, mpi_size = 0;
+    int status = k3_main(argc, argv, &mpi_rank, &mpi_size);
+    /* under --mpi: a clean end stops every expert rank; a failure ends them all (no orphans) */
+    if (mpi_rank >= 0) experts_mpi_finish(mpi_rank, mpi_size, status == EXIT_OK, status);
+    return status;
 }

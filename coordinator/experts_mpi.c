@@ -1,0 +1,470 @@
+/* experts_mpi.c - expert ranks over Open MPI (see experts_mpi.h). */
+#define _GNU_SOURCE
+#include "coordinator/experts_mpi.h"
+#include "common/file_read.h"
+#include "common/hash64.h"
+#include "common/layer_schema.h"
+#include "common/wire.h"
+#include "workers/expert_batch.h"
+#include "workers/expert_cache.h"
+#include <fcntl.h>
+#include <mpi.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+enum { TAG_HELLO = 1, TAG_VERDICT, TAG_REQ, TAG_RESP, TAG_ERR, TAG_STOP };
+#define REQ_MAGIC 0x4b33524bu /* "K3RK" */
+#define HOST_MAX 64
+#define SHARD_NAME_MAX 200
+
+typedef struct {
+    uint32_t magic;
+    int32_t layer;
+    uint32_t ntok, npairs;
+} req_head;
+
+typedef struct {
+    char name[SHARD_NAME_MAX];
+    uint64_t size, header_hash;
+} shard_id;
+
+typedef struct {
+    char host[HOST_MAX];
+    uint64_t config_hash, index_hash;
+    uint32_t n_shards;
+    shard_id shard[]; /* n_shards */
+} hello_msg;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+static uint64_t file_hash(const char *dir, const char *name) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    size_t len = 0;
+    k3_error e = {0};
+    char *b = file_read_all(path, (size_t)1 << 28, &len, &e);
+    if (!b) return 0;
+    uint64_t h = hash64(b, len, 0);
+    free(b);
+    return h;
+}
+
+/* size and hash of the 8-byte length + JSON header of one shard file */
+static int shard_identity(const char *path, uint64_t *size, uint64_t *hh) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return -1;
+    uint64_t n = 0;
+    off_t end = lseek(fd, 0, SEEK_END);
+    int rc = -1;
+    if (end >= 8 && pread(fd, &n, 8, 0) == 8 && n <= (uint64_t)end - 8 && n < ((uint64_t)1 << 30)) {
+        char *b = malloc(n + 8);
+        if (b && pread(fd, b, n + 8, 0) == (ssize_t)(n + 8)) {
+            *size = (uint64_t)end;
+            *hh = hash64(b, n + 8, 0);
+            rc = 0;
+        }
+        free(b);
+    }
+    close(fd);
+    return rc;
+}
+
+static const char *base_name(const char *p) {
+    const char *s = strrchr(p, '/');
+    return s ? s + 1 : p;
+}
+
+static hello_msg *make_hello(const checkpoint *ck, const char *dir, size_t *bytes) {
+    size_t n = (size_t)ck->n_shards;
+    hello_msg *h = calloc(1, sizeof *h + n * sizeof(shard_id));
+    if (!h) return NULL;
+    gethostname(h->host, HOST_MAX - 1);
+    h->config_hash = file_hash(dir, "config.json");
+    h->index_hash = ck->has_index ? file_hash(dir, "model.safetensors.index.json") : 0;
+    h->n_shards = (uint32_t)n;
+    for (size_t i = 0; i < n; i++) {
+        snprintf(h->shard[i].name, SHARD_NAME_MAX, "%s", base_name(ck->shards[i].file.path));
+        if (shard_identity(ck->shards[i].file.path, &h->shard[i].size, &h->shard[i].header_hash)) h->shard[i].size = UINT64_MAX;
+    }
+    *bytes = sizeof *h + n * sizeof(shard_id);
+    return h;
+}
+
+int experts_mpi_init(int *argc, char ***argv, int *rank, int *size, k3_error *err) {
+    int provided = 0;
+    if (MPI_Init_thread(argc, argv, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
+        return k3_fail(err, "MPI_Init_thread failed (is this run under mpirun?)");
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(MPI_COMM_WORLD, rank);
+    MPI_Comm_size(MPI_COMM_WORLD, size);
+    if (provided < MPI_THREAD_SERIALIZED) return k3_fail(err, "this MPI gives no MPI_THREAD_SERIALIZED support");
+    if (*size < 2) return k3_fail(err, "--mpi needs at least 2 ranks (rank 0 coordinates, the others serve experts)");
+    return 0;
+}
+
+void experts_mpi_finish(int rank, int size, int ok, int status) {
+    if (!ok) {
+        fflush(stdout);
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, status ? status : 1); /* every rank ends: no orphans */
+        return;
+    }
+    if (rank == 0)
+        for (int r = 1; r < size; r++) MPI_Send(NULL, 0, MPI_BYTE, r, TAG_STOP, MPI_COMM_WORLD);
+    MPI_Finalize();
+}
+
+/* ---- expert ranks ---- */
+
+typedef struct {
+    int me, n;  /* this rank's index among the expert ranks, and their number */
+} owner_ctx;
+
+static int rank_owns(int layer, int expert, void *ctx) {
+    const owner_ctx *o = ctx;
+    return expert_owner(layer, expert, o->n) == o->me;
+}
+
+static int rank_keep(const char *name, void *ctx) {
+    int layer, expert;
+    return ls_expert_name_parse(name, &layer, &expert) && rank_owns(layer, expert, ctx);
+}
+
+/* a cache that holds every expert this rank owns (the default, as for local servers) */
+static uint64_t owned_bytes(const expert_store *st, const k3_config *cfg) {
+    uint64_t n = 0;
+    for (int l = 0; l < cfg->num_hidden_layers; l++)
+        for (int e = 0; e < cfg->num_experts; e++) n += expert_store_loc(st, l, e) != NULL;
+    return (n ? n : 1) * expert_cache_slot_bytes(st);
+}
+
+int experts_mpi_serve(const mpi_options *o) {
+    int rank, size;
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    owner_ctx own = {rank - 1, size - 1};
+    k3_config cfg;
+    checkpoint ck;
+    expert_store store;
+    expert_cache *cache = NULL;
+    k3_error err = {0};
+    int opened = 0;
+    char host[HOST_MAX] = {0};
+    gethostname(host, HOST_MAX - 1);
+    if (o->threads > 0) omp_set_num_threads(o->threads);
+    simd_level lvl = SIMD_AUTO;
+    const kernels *k = NULL;
+    if (simd_level_parse(o->simd ? o->simd : "auto", &lvl) || !(k = kernels_get(lvl))) k3_fail(&err, "SIMD level unavailable");
+    else if (config_load(o->model_dir, &cfg, &err)) {
+    } else if (checkpoint_open_filtered(o->model_dir, rank_keep, &own, &ck, &err)) {
+        config_free(&cfg);
+    } else if (expert_store_open(&store, &ck, &cfg, rank_owns, &own, &err)) {
+        checkpoint_close(&ck);
+        config_free(&cfg);
+    } else if (!(cache = expert_cache_create(&store, &ck, o->cache_bytes ? o->cache_bytes : owned_bytes(&store, &cfg), -1, &err))) {
+        expert_store_free(&store);
+        checkpoint_close(&ck);
+        config_free(&cfg);
+    } else {
+        opened = 1;
+        cache_policy pol;
+        if (o->policy && cache_policy_parse(o->policy, &pol) == 0) expert_cache_set_policy(cache, pol);
+    }
+    /* hello: identity of what this host opened, or the reason it could not */
+    size_t hb = 0;
+    hello_msg *h = opened ? make_hello(&ck, o->model_dir, &hb) : NULL;
+    if (!h) {
+        char msg[1200];
+        snprintf(msg, sizeof msg, "host %s: %s", host, err.set ? err.msg : "out of memory");
+        MPI_Send(msg, (int)strlen(msg) + 1, MPI_BYTE, 0, TAG_ERR, MPI_COMM_WORLD);
+    } else {
+        MPI_Send(h, (int)hb, MPI_BYTE, 0, TAG_HELLO, MPI_COMM_WORLD);
+    }
+    free(h);
+    int verdict = 0;
+    MPI_Recv(&verdict, 1, MPI_INT, 0, TAG_VERDICT, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+    int status = 0;
+    size_t L = opened ? (size_t)cfg.routed_expert_hidden_size : 0, K = opened ? (size_t)cfg.num_experts_per_token : 0;
+    size_t max_tok = o->max_tokens ? o->max_tokens : 1, max_pairs = max_tok * (K ? K : 1);
+    size_t req_cap = sizeof(req_head) + max_tok * L * 4 + max_pairs * 8, resp_cap = max_pairs * L * 4 + 1;
+    uint8_t *req = verdict == 1 && opened ? malloc(req_cap) : NULL;
+    float *resp = req ? malloc(resp_cap) : NULL;
+    int32_t *pt = req ? malloc(max_pairs * sizeof *pt) : NULL, *pe = req ? malloc(max_pairs * sizeof *pe) : NULL;
+    if (verdict == 1 && opened && (!req || !resp || !pt || !pe)) { fprintf(stderr, "k3 rank %d: out of memory\n", rank); status = 1; }
+    while (verdict == 1 && status == 0) {
+        MPI_Status st;
+        if (MPI_Probe(0, MPI_ANY_TAG, MPI_COMM_WORLD, &st) != MPI_SUCCESS) { status = 1; break; }
+        int count = 0;
+        MPI_Get_count(&st, MPI_BYTE, &count);
+        if (st.MPI_TAG == TAG_STOP) {
+            MPI_Recv(NULL, 0, MPI_BYTE, 0, TAG_STOP, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            break;
+        }
+        const char *bad = NULL;
+        if (st.MPI_TAG != TAG_REQ || count < (int)sizeof(req_head) || (size_t)count > req_cap) {
+            bad = "a message of unexpected kind or size";
+            MPI_Recv(NULL, 0, MPI_BYTE, 0, st.MPI_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE); /* truncation error, ignored */
+        } else {
+            MPI_Recv(req, count, MPI_BYTE, 0, TAG_REQ, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        }
+        req_head hd;
+        if (!bad) memcpy(&hd, req, sizeof hd);
+        if (!bad && (hd.magic != REQ_MAGIC || hd.layer < 0 || hd.layer >= cfg.num_hidden_layers || !cfg.layer_is_moe[hd.layer] ||
+                     hd.ntok > max_tok || hd.npairs > max_pairs ||
+                     (size_t)count != sizeof hd + (size_t)hd.ntok * L * 4 + (size_t)hd.npairs * 8))
+            bad = "a malformed request header";
+        const float *z = (const float *)(req + sizeof hd);
+        if (!bad) {
+            const int32_t *pairs = (const int32_t *)(req + sizeof hd + (size_t)hd.ntok * L * 4);
+            for (uint32_t i = 0; i < hd.npairs && !bad; i++) {
+                memcpy(&pt[i], &pairs[2 * i], 4);
+                memcpy(&pe[i], &pairs[2 * i + 1], 4);
+                if (pt[i] < 0 || (uint32_t)pt[i] >= hd.ntok || pe[i] < 0 || pe[i] >= cfg.num_experts ||
+                    !rank_owns(hd.layer, pe[i], &own))
+                    bad = "a pair outside the request or not owned by this rank";
+            }
+        }
+        k3_error e = {0};
+        if (!bad) {
+            expert_source src = expert_cache_source(cache);
+            if (expert_batch_run(k, &src, store.L, store.I, cfg.situ_beta, cfg.situ_linear_beta, hd.layer, z, hd.ntok,
+                                 pt, pe, hd.npairs, resp, &e) == 0) {
+                MPI_Send(resp, (int)((size_t)hd.npairs * L * 4), MPI_BYTE, 0, TAG_RESP, MPI_COMM_WORLD);
+                continue;
+            }
+        }
+        char msg[1200];
+        snprintf(msg, sizeof msg, "expert rank %d on host %s: %s", rank, host, bad ? bad : e.msg);
+        MPI_Send(msg, (int)strlen(msg) + 1, MPI_BYTE, 0, TAG_ERR, MPI_COMM_WORLD);
+        if (bad) { status = 1; break; }
+    }
+    free(req);
+    free(resp);
+    free(pt);
+    free(pe);
+    if (opened) {
+        expert_cache_free(cache);
+        expert_store_free(&store);
+        checkpoint_close(&ck);
+        config_free(&cfg);
+    }
+    return verdict == 1 ? status : 2;
+}
+
+/* ---- rank 0: the backend ---- */
+
+typedef struct {
+    int n;                      /* expert ranks */
+    size_t L, K, max_tok;
+    int timeout_ms;
+    const k3_model *m;
+    uint8_t **req;              /* [n] request buffers */
+    float **resp;               /* [n] answers */
+    int32_t **idx;              /* [n] pair index in the caller's order */
+    int32_t *tokmap;            /* [max_tok] */
+    MPI_Request *sreq, *rreq;
+    mpi_rank_stats *stats;      /* [n] */
+} mpi_impl;
+
+static void mpi_destroy(expert_backend *b) {
+    mpi_impl *mi = b->impl;
+    if (!mi) return;
+    for (int r = 0; r < mi->n; r++) {
+        if (mi->req) free(mi->req[r]);
+        if (mi->resp) free(mi->resp[r]);
+        if (mi->idx) free(mi->idx[r]);
+    }
+    free(mi->req); free(mi->resp); free(mi->idx); free(mi->tokmap); free(mi->sreq); free(mi->rreq); free(mi->stats);
+    free(mi);
+    b->impl = NULL;
+}
+
+static int mpi_run(expert_backend *b, int layer, const float *zlat, size_t ntok, const int32_t *pair_token,
+                   const int32_t *pair_expert, size_t npairs, float *out, k3_error *err) {
+    mpi_impl *mi = b->impl;
+    size_t L = mi->L;
+    if (ntok > mi->max_tok || npairs > mi->max_tok * mi->K)
+        return k3_fail(err, "an expert request of %zu tokens / %zu pairs is larger than planned", ntok, npairs);
+    size_t np[256] = {0};
+    int active = 0;
+    for (int r = 0; r < mi->n; r++) {
+        size_t nt = 0, cnt = 0;
+        for (size_t t = 0; t < ntok; t++) mi->tokmap[t] = -1;
+        uint8_t *q = mi->req[r];
+        float *rows = (float *)(q + sizeof(req_head));
+        for (size_t i = 0; i < npairs; i++) {
+            if (expert_owner(layer, pair_expert[i], mi->n) != r) continue;
+            int32_t t = pair_token[i];
+            if (mi->tokmap[t] < 0) {
+                mi->tokmap[t] = (int32_t)nt;
+                memcpy(rows + nt * L, zlat + (size_t)t * L, L * 4);
+                nt++;
+            }
+            mi->idx[r][cnt++] = (int32_t)i;
+        }
+        np[r] = cnt;
+        if (!cnt) { mi->sreq[r] = mi->rreq[r] = MPI_REQUEST_NULL; continue; }
+        int32_t *pairs = (int32_t *)(q + sizeof(req_head) + nt * L * 4);
+        for (size_t j = 0; j < cnt; j++) {
+            size_t i = (size_t)mi->idx[r][j];
+            int32_t a = mi->tokmap[pair_token[i]], e = pair_expert[i];
+            memcpy(&pairs[2 * j], &a, 4);
+            memcpy(&pairs[2 * j + 1], &e, 4);
+        }
+        req_head hd = {REQ_MAGIC, layer, (uint32_t)nt, (uint32_t)cnt};
+        memcpy(q, &hd, sizeof hd);
+        size_t bytes = sizeof hd + nt * L * 4 + cnt * 8;
+        if (MPI_Isend(q, (int)bytes, MPI_BYTE, r + 1, TAG_REQ, MPI_COMM_WORLD, &mi->sreq[r]) != MPI_SUCCESS ||
+            MPI_Irecv(mi->resp[r], (int)(mi->max_tok * mi->K * L * 4 + 1200), MPI_BYTE, r + 1, MPI_ANY_TAG, MPI_COMM_WORLD,
+                      &mi->rreq[r]) != MPI_SUCCESS)
+            return k3_fail(err, "MPI could not send to expert rank %d (%s)", r + 1, mi->stats[r].host);
+        mi->stats[r].requests++;
+        mi->stats[r].bytes_sent += bytes;
+        active++;
+    }
+    double t0 = now_s(), deadline = t0 + mi->timeout_ms / 1000.0;
+    int done_all = 0;
+    while (!done_all) {
+        done_all = 1;
+        for (int r = 0; r < mi->n; r++) {
+            if (mi->rreq[r] == MPI_REQUEST_NULL && mi->sreq[r] == MPI_REQUEST_NULL) continue;
+            int flag = 0;
+            MPI_Status st;
+            if (mi->sreq[r] != MPI_REQUEST_NULL && MPI_Test(&mi->sreq[r], &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS)
+                return k3_fail(err, "MPI send to expert rank %d (%s) failed", r + 1, mi->stats[r].host);
+            if (mi->rreq[r] == MPI_REQUEST_NULL) continue;
+            if (MPI_Test(&mi->rreq[r], &flag, &st) != MPI_SUCCESS)
+                return k3_fail(err, "MPI receive from expert rank %d (%s) failed", r + 1, mi->stats[r].host);
+            if (!flag) { done_all = 0; continue; }
+            int count = 0;
+            MPI_Get_count(&st, MPI_BYTE, &count);
+            if (st.MPI_TAG == TAG_ERR) {
+                ((char *)mi->resp[r])[count > 0 ? count - 1 : 0] = 0;
+                return k3_fail(err, "%s", (char *)mi->resp[r]);
+            }
+            if (st.MPI_TAG != TAG_RESP || (size_t)count != np[r] * L * 4)
+                return k3_fail(err, "expert rank %d (%s) answered %d bytes, expected %zu", r + 1, mi->stats[r].host, count,
+                                np[r] * L * 4);
+            mi->stats[r].bytes_received += (uint64_t)count;
+            for (size_t j = 0; j < np[r]; j++) memcpy(out + (size_t)mi->idx[r][j] * L, mi->resp[r] + j * L, L * 4);
+        }
+        if (!done_all && now_s() > deadline) {
+            for (int r = 0; r < mi->n; r++)
+                if (mi->rreq[r] != MPI_REQUEST_NULL)
+                    return k3_fail(err, "expert rank %d on host %s did not answer within %d ms (lost host or rank?)", r + 1,
+                                   mi->stats[r].host, mi->timeout_ms);
+        }
+        if (!done_all) {
+            struct timespec ts = {0, 20000};
+            nanosleep(&ts, NULL);
+        }
+    }
+    double w = now_s() - t0;
+    for (int r = 0; r < mi->n; r++) if (np[r]) mi->stats[r].wait_s += w;
+    (void)active;
+    return 0;
+}
+
+int experts_mpi_create(expert_backend *b, k3_model *m, const mpi_options *o, k3_error *err) {
+    int size;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    mpi_impl *mi = calloc(1, sizeof *mi);
+    if (!mi) return k3_fail(err, "out of memory");
+    *b = (expert_backend){mpi_run, mpi_destroy, mi};
+    mi->n = size - 1;
+    mi->L = (size_t)m->cfg.routed_expert_hidden_size;
+    mi->K = (size_t)m->cfg.num_experts_per_token;
+    mi->max_tok = o->max_tokens ? o->max_tokens : 1;
+    mi->timeout_ms = o->timeout_ms > 0 ? o->timeout_ms : 30000;
+    mi->m = m;
+    if (mi->n > 255) return k3_fail(err, "at most 255 expert ranks");
+    size_t n = (size_t)mi->n, maxp = mi->max_tok * mi->K;
+    mi->req = calloc(n, sizeof *mi->req);
+    mi->resp = calloc(n, sizeof *mi->resp);
+    mi->idx = calloc(n, sizeof *mi->idx);
+    mi->tokmap = malloc(mi->max_tok * sizeof *mi->tokmap);
+    mi->sreq = calloc(n, sizeof *mi->sreq);
+    mi->rreq = calloc(n, sizeof *mi->rreq);
+    mi->stats = calloc(n, sizeof *mi->stats);
+    if (!mi->req || !mi->resp || !mi->idx || !mi->tokmap || !mi->sreq || !mi->rreq || !mi->stats) return k3_fail(err, "out of memory");
+    for (size_t r = 0; r < n; r++) {
+        mi->req[r] = malloc(sizeof(req_head) + mi->max_tok * mi->L * 4 + maxp * 8);
+        mi->resp[r] = malloc(maxp * mi->L * 4 + 1200);
+        mi->idx[r] = malloc(maxp * sizeof(int32_t));
+        if (!mi->req[r] || !mi->resp[r] || !mi->idx[r]) return k3_fail(err, "out of memory for MPI buffers");
+    }
+    /* every rank's hello: its host and what it opened, checked against this host's checkpoint */
+    size_t mine_b = 0;
+    hello_msg *mine = make_hello(&m->ck, o->model_dir, &mine_b);
+    if (!mine) return k3_fail(err, "out of memory");
+    int bad = 0;
+    for (int r = 1; r < size; r++) {
+        MPI_Status st;
+        MPI_Probe(r, MPI_ANY_TAG, MPI_COMM_WORLD, &st);
+        int count = 0;
+        MPI_Get_count(&st, MPI_BYTE, &count);
+        char *buf = malloc((size_t)count + 1);
+        if (!buf) { bad = 1; break; }
+        MPI_Recv(buf, count, MPI_BYTE, r, st.MPI_TAG, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        buf[count] = 0;
+        hello_msg *h = (hello_msg *)buf;
+        if (st.MPI_TAG == TAG_ERR) {
+            if (!bad) k3_fail(err, "expert rank %d could not open the model: %s", r, buf);
+            bad = 1;
+        } else if (st.MPI_TAG != TAG_HELLO || (size_t)count < sizeof *h ||
+                   (size_t)count != sizeof *h + (size_t)h->n_shards * sizeof(shard_id)) {
+            if (!bad) k3_fail(err, "expert rank %d sent a malformed hello", r);
+            bad = 1;
+        } else {
+            h->host[HOST_MAX - 1] = 0;
+            snprintf(mi->stats[r - 1].host, sizeof mi->stats[r - 1].host, "%s", h->host);
+            const char *why = NULL;
+            char whybuf[300];
+            if (h->config_hash != mine->config_hash) why = "config.json differs";
+            else if (h->index_hash != mine->index_hash) why = "model.safetensors.index.json differs";
+            for (uint32_t i = 0; !why && i < h->n_shards; i++) {
+                h->shard[i].name[SHARD_NAME_MAX - 1] = 0;
+                const shard_id *mm = NULL;
+                for (uint32_t j = 0; j < mine->n_shards; j++)
+                    if (!strcmp(mine->shard[j].name, h->shard[i].name)) mm = &mine->shard[j];
+                if (!mm) why = "it has a shard this host does not";
+                else if (mm->size != h->shard[i].size) why = "a shard's size differs";
+                else if (mm->header_hash != h->shard[i].header_hash) why = "a shard's header differs";
+                if (why && mm) {
+                    snprintf(whybuf, sizeof whybuf, "%s (%s)", why, h->shard[i].name);
+                    why = whybuf;
+                }
+            }
+            if (why) {
+                if (!bad) k3_fail(err, "the checkpoint on host %s (expert rank %d) is not this host's: %s", h->host, r, why);
+                bad = 1;
+            }
+        }
+        free(buf);
+    }
+    free(mine);
+    for (int r = 1; r < size; r++) {
+        int verdict = bad ? 0 : 1;
+        MPI_Send(&verdict, 1, MPI_INT, r, TAG_VERDICT, MPI_COMM_WORLD);
+    }
+    if (bad) return -1;
+    fprintf(stderr, "k3: %d expert ranks over MPI:", mi->n);
+    for (int r = 0; r < mi->n; r++) fprintf(stderr, " %d@%s", r + 1, mi->stats[r].host);
+    fprintf(stderr, "\n");
+    return 0;
+}
+
+int experts_mpi_stats(const expert_backend *b, int rank, mpi_rank_stats *s) {
+    const mpi_impl *mi = b->impl;
+    if (!mi || rank < 1 || rank > mi->n) return -1;
+    *s = mi->stats[rank - 1];
+    return 0;
+}

@@ -142,6 +142,7 @@ int plan_make(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t budge
         p->n_slots = 0;
         p->expert_cache_per_worker = per_server_all;
         p->total = fixed + p->walk_total + servers * per_server_all;
+        p->snapshot_bytes = 4 * p->state_bytes;
         return 0;
     }
     if (budget < p->floor)
@@ -164,6 +165,7 @@ int plan_make(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t budge
     uint64_t cache = p->expert_slot_bytes + extra / servers / p->expert_slot_bytes * p->expert_slot_bytes;
     p->expert_cache_per_worker = cache < per_server_all ? cache : per_server_all;
     p->total = fixed + p->pinned_bytes + (uint64_t)p->n_slots * p->slot_bytes + servers * p->expert_cache_per_worker;
+    p->snapshot_bytes = budget > p->total ? budget - p->total : 0;
     return 0;
 }
 
@@ -207,6 +209,9 @@ void plan_print(const mem_plan *p, const k3_config *c, FILE *f) {
             (unsigned long long)p->n_experts_total);
     fprintf(f, "  MLA cache layout       compressed latent: %d floats per MLA layer per position\n",
             c->kv_lora_rank + c->qk_rope_head_dim);
+    fprintf(f, "  prefix snapshots       %12.1f MiB  (what the budget leaves; %.1f states of %zu positions)\n",
+            p->snapshot_bytes / MIB, p->state_bytes ? (double)p->snapshot_bytes / (double)p->state_bytes : 0.0,
+            p->max_context);
     fprintf(f, "  floor                  %12.3f GiB\n", p->floor / GIB);
     fprintf(f, "  total                  %12.3f GiB\n", p->total / GIB);
 }

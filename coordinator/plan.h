@@ -41,6 +41,9 @@ typedef struct {
     uint64_t pinned_bytes, walk_total;
     uint64_t expert_cache_per_worker;   /* per server, or the in-process cache */
     uint64_t floor, total;
+    uint64_t snapshot_bytes;            /* prefix snapshots in memory (snapshots.h): what the budget
+                                           leaves after the total; 4 states of max_context when
+                                           everything is resident */
 } mem_plan;
 
 /* From a loaded model (real tensor sizes) or, with m == NULL, from cfg alone. */

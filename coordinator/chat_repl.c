@@ -25,6 +25,7 @@ struct chat_session {
     size_t V;
     char *obuf;             /* utf8_stream output */
     size_t ocap;
+    size_t sys_n;           /* ids of the system message at the start of the transcript */
 };
 
 void chat_options_default(chat_options *o) {
@@ -47,8 +48,36 @@ static double now_s(void) {
 
 /* The system message (if any) as pending ids of an empty transcript. */
 static int queue_system(chat_session *s, char *err, size_t errlen) {
+    s->sys_n = 0;
     if (!s->system) return CHAT_OK;
-    return chat_render_turn(s->tok, s->tmpl, "system", s->system, strlen(s->system), &s->transcript, err, errlen);
+    int rc = chat_render_turn(s->tok, s->tmpl, "system", s->system, strlen(s->system), &s->transcript, err, errlen);
+    if (!rc) s->sys_n = s->transcript.n;
+    return rc;
+}
+
+/* Snapshots: restore the longest stored prefix into an empty state; store the end of the system
+ * message. Best effort: a failure to store is not an error of the turn. -1: engine failure. */
+static int snap_before_turn(chat_session *s, char *err, size_t errlen) {
+    k3_error kerr = {0};
+    if (!s->opt.snaps) return 0;
+    if (s->st.pos == 0) {
+        long L = snap_lookup(s->opt.snaps, s->transcript.ids, s->transcript.n, s->transcript.n - 1, &s->st, &kerr);
+        if (L < 0) {
+            s->broken = 1;
+            snprintf(err, errlen, "%s", kerr.msg);
+            return -1;
+        }
+    }
+    if (s->sys_n && s->st.pos < s->sys_n && s->sys_n < s->transcript.n) {
+        size_t from = s->st.pos;
+        if (feed_tokens(s->en, &s->st, s->transcript.ids + from, s->sys_n - from, s->opt.chunk, (size_t)-1, NULL, &kerr)) {
+            s->broken = 1;
+            snprintf(err, errlen, "%s", kerr.msg);
+            return -1;
+        }
+        snap_insert(s->opt.snaps, s->transcript.ids, &s->st, &kerr);
+    }
+    return 0;
 }
 
 void chat_session_free(chat_session *s) {
@@ -218,8 +247,9 @@ int chat_session_turn(chat_session *s, const char *text, size_t len, FILE *out, 
         s->transcript.n = n0;
         return CHAT_EINPUT;
     }
-    ts.n_fed = s->transcript.n - s->st.pos;
     double t0 = now_s();
+    if (snap_before_turn(s, err, errlen)) return -1;
+    ts.n_fed = s->transcript.n - s->st.pos;
     if (feed_pending(s, err, errlen)) return -1;
     ts.prefill_s = now_s() - t0;
     t0 = now_s();
@@ -264,6 +294,10 @@ int chat_session_turn(chat_session *s, const char *text, size_t len, FILE *out, 
     }
     ts.decode_s = now_s() - t0;
     ts.context = s->transcript.n;
+    if (s->opt.snaps) {
+        k3_error kerr = {0};
+        snap_insert(s->opt.snaps, s->transcript.ids, &s->st, &kerr); /* best effort */
+    }
     if (stats) *stats = ts;
     return CHAT_OK;
 nomem:
@@ -315,6 +349,11 @@ int chat_repl(engine *en, const tokenizer *tok, const chat_options *opt, FILE *i
         fprintf(log, "k3: %s\n", err);
         return rc == CHAT_EINPUT ? 2 : 1;
     }
+    if (opt->load_state && (rc = chat_session_load(s, opt->load_state, err, sizeof err))) {
+        fprintf(log, "k3: refusing the state file: %s\n", err);
+        chat_session_free(s);
+        return rc == CHAT_EINPUT ? 2 : 1;
+    }
     int interactive = isatty(fileno(in));
     char desc[256];
     sampler_describe(&opt->sampling, desc, sizeof desc);
@@ -344,8 +383,23 @@ int chat_repl(engine *en, const tokenizer *tok, const chat_options *opt, FILE *i
         if (b == e) continue;
         if (is_cmd(line, b, e, "/exit") || is_cmd(line, b, e, "/quit")) break;
         if (is_cmd(line, b, e, "/help")) {
-            fputs("one line = one message; /reset starts a fresh conversation, /exit (or EOF) ends\n", out);
+            fputs("one line = one message; /reset starts a fresh conversation, /save FILE and /load FILE keep "
+                  "one, /exit (or EOF) ends\n",
+                  out);
             fflush(out);
+            continue;
+        }
+        if (e - b > 6 && (!memcmp(line + b, "/save ", 6) || !memcmp(line + b, "/load ", 6))) {
+            int save = line[b + 1] == 's';
+            size_t pb = b + 6;
+            while (pb < e && (line[pb] == ' ' || line[pb] == '\t')) pb++;
+            line[e] = 0;
+            rc = save ? chat_session_save(s, line + pb, err, sizeof err) : chat_session_load(s, line + pb, err, sizeof err);
+            size_t nt, nf;
+            chat_session_transcript(s, &nt, &nf);
+            if (rc) fprintf(log, "k3: %s\n", err);
+            else fprintf(log, "k3: %s %s (%zu ids, %zu fed)\n", save ? "saved to" : "loaded", line + pb, nt, nf);
+            fflush(log);
             continue;
         }
         if (is_cmd(line, b, e, "/reset")) {
@@ -378,4 +432,74 @@ int chat_repl(engine *en, const tokenizer *tok, const chat_options *opt, FILE *i
     free(line);
     chat_session_free(s);
     return status;
+}
+
+/* ---- state files ---- */
+
+int chat_session_save(chat_session *s, const char *path, char *err, size_t errlen) {
+    if (!s->opt.fp) {
+        snprintf(err, errlen, "state files are not available here");
+        return CHAT_EINPUT;
+    }
+    if (s->broken) {
+        snprintf(err, errlen, "the conversation state was lost by an earlier failure: nothing to save");
+        return CHAT_EINPUT;
+    }
+    state_run run = {.kind = STATE_KIND_CHAT, .thinking = s->opt.thinking, .tmpl = (int)s->tmpl,
+                     .gen_target = s->opt.max_tokens, .sampling = s->smp.cfg, .rng = s->smp.rng,
+                     .stop_ids = s->stops, .n_stop_ids = s->n_stops};
+    k3_error kerr = {0};
+    if (state_file_save(path, s->opt.fp, &s->en->model->cfg, s->transcript.ids, s->transcript.n, &s->st, &run, &kerr)) {
+        snprintf(err, errlen, "%s", kerr.msg);
+        return -1;
+    }
+    return CHAT_OK;
+}
+
+int chat_session_load(chat_session *s, const char *path, char *err, size_t errlen) {
+    if (!s->opt.fp) {
+        snprintf(err, errlen, "state files are not available here");
+        return CHAT_EINPUT;
+    }
+    const k3_config *c = &s->en->model->cfg;
+    k3_error kerr = {0};
+    seq_state st;
+    if (seq_state_init(&st, c, &kerr)) {
+        snprintf(err, errlen, "%s", kerr.msg);
+        return CHAT_ENOMEM;
+    }
+    state_loaded ld;
+    size_t maxp = s->opt.max_context ? s->opt.max_context : s->en->max_ctx;
+    if (state_file_load(path, s->opt.fp, c, maxp, &st, &ld, &kerr)) {
+        seq_state_free(&st);
+        snprintf(err, errlen, "%s", kerr.msg);
+        return CHAT_EINPUT;
+    }
+    int rc = CHAT_OK;
+    if (ld.run.kind == STATE_KIND_CHAT && ld.run.tmpl != (int)s->tmpl) {
+        snprintf(err, errlen, "%s was saved with the %s chat template; this session uses %s (--template)", path,
+                 chat_template_name((chat_template)ld.run.tmpl), chat_template_name(s->tmpl));
+        rc = CHAT_EINPUT;
+    } else {
+        size_t n0 = s->transcript.n;
+        s->transcript.n = 0;
+        if (chat_ids_append(&s->transcript, ld.ids, ld.n_ids)) {
+            s->transcript.n = n0;
+            snprintf(err, errlen, "out of memory for a transcript of %zu ids", ld.n_ids);
+            rc = CHAT_ENOMEM;
+        } else {
+            seq_state tmp = s->st;
+            s->st = st;
+            st = tmp;
+            sampler_config dflt;
+            sampler_config_default(&dflt);
+            if (!memcmp(&s->opt.sampling, &dflt, sizeof dflt)) s->smp.cfg = ld.run.sampling;
+            if (s->opt.sampling.seed == ld.run.sampling.seed) s->smp.rng = ld.run.rng;
+            s->broken = 0;
+            s->sys_n = 0;
+        }
+    }
+    seq_state_free(&st);
+    state_loaded_free(&ld);
+    return rc;
 }

@@ -22,9 +22,12 @@
  * - Return codes of chat_session_turn: 0; CHAT_EINPUT (bad input, e.g. invalid UTF-8, or context
  *   full: nothing was fed, the session is unchanged and usable); -1 (engine failure or non-finite
  *   logits: the state is undefined, stop using the session); CHAT_ENOMEM. err gets the message.
+ * - Snapshots (opt->snaps): a turn that starts from an empty state restores the longest stored prefix
+ *   of its ids (snapshots.h) and feeds only the rest; the state at the end of the system message and
+ *   at the end of every turn is stored. Bits are unchanged (a snapshot is an exact copy).
  * - chat_repl: reads lines from `in` (a terminal or a pipe; "\n" or "\r\n" endings; the last line
  *   needs no newline). Each line is one user message. Commands (the whole line, blanks around it
- *   ignored): /reset, /exit, /quit, /help. Blank lines are skipped. Replies go to `out`, one line per
+ *   ignored): /reset, /exit, /quit, /help, /save FILE, /load FILE. Blank lines are skipped. Replies go to `out`, one line per
  *   turn (a "> " prompt is printed when `in` is a terminal); the banner, per-turn stats (tokens,
  *   tokens/s, why the turn ended) and errors go to `log`. EOF or /exit ends it.
  *   Returns 0 (normal end), 1 (run-time failure, message on log), 2 (refused options, message on
@@ -35,6 +38,8 @@
 #include "coordinator/chat.h"
 #include "coordinator/forward.h"
 #include "coordinator/sampler.h"
+#include "coordinator/snapshots.h"
+#include "coordinator/state_file.h"
 #include "coordinator/tokenizer.h"
 #include <stdio.h>
 
@@ -49,6 +54,9 @@ typedef struct {
     size_t chunk;             /* prefill chunk in tokens, >= 1 (default 64) */
     size_t max_context;       /* 0 = no limit */
     int stats;                /* per-turn stats on log (default 1) */
+    const state_fingerprint *fp; /* the model's fingerprint: /save, /load (NULL = unavailable) */
+    const char *load_state;   /* chat_repl: reopen this saved conversation first (NULL = none) */
+    snap_store *snaps;        /* prefix snapshots (end of the system message, end of every turn; NULL = none) */
 } chat_options;
 
 void chat_options_default(chat_options *o);
@@ -78,6 +86,15 @@ const int32_t *chat_session_transcript(const chat_session *s, size_t *n, size_t 
 chat_template chat_session_template(const chat_session *s);
 /* The stop ids in use (template ones first). */
 const int32_t *chat_session_stop_ids(const chat_session *s, size_t *n);
+
+/* State files (state_file.h). save: the transcript (fed + pending), the state, the sampler and its
+ * generator, template and thinking. load: the file is validated completely (refusal: CHAT_EINPUT,
+ * the session unchanged); a chat state saved with another template is refused; the session then
+ * continues that conversation: its transcript, state and generator (and its sampler settings when
+ * this session's are the defaults) replace the session's. A later /reset starts this session's
+ * own fresh conversation. */
+int chat_session_save(chat_session *s, const char *path, char *err, size_t errlen);
+int chat_session_load(chat_session *s, const char *path, char *err, size_t errlen);
 
 int chat_repl(engine *en, const tokenizer *tok, const chat_options *opt, FILE *in, FILE *out, FILE *log);
 

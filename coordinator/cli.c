@@ -195,6 +195,21 @@ static const cli_flag FLAGS[] = {
     {"max-context", "N", CLI_LONG, OFF(max_context), 1, 1L << 30, NULL, NULL,
      "positions the MLA cache is planned for and the limit of every input (default: prompt + gen; 4096 with "
      "`--chat` or `--plan-only`); a longer prompt is refused, a longer chat message is refused with a message"},
+    {"save-state", "FILE", CLI_STR, OFF(save_state), 0, 0, NULL, NULL,
+     "after the run, write its state (history, KDA/MLA state, sampler) to FILE atomically ([docs/FORMATS.md](docs/FORMATS.md))"},
+    {"load-state", "FILE", CLI_STR, OFF(load_state), 0, 0, NULL, NULL,
+     "start from a saved state: `--ids/--prompt/--prompt-file` (optional) are appended, `--gen N` generates N more; "
+     "with `--chat`, reopens the conversation"},
+    {"checkpoint", "FILE", CLI_STR, OFF(checkpoint), 0, 0, NULL, NULL,
+     "write the run's state to FILE every `--checkpoint-every` generated tokens (and at the end)"},
+    {"checkpoint-every", "N", CLI_LONG, OFF(checkpoint_every), 1, 1L << 24, NULL, "16", NULL},
+    {"resume", "FILE", CLI_STR, OFF(resume), 0, 0, NULL, NULL,
+     "`k3 MODEL --resume FILE`: continue an interrupted run from its checkpoint to its `--gen` target; stdout and "
+     "`--json` report the whole run"},
+    {"state-dir", "DIR", CLI_STR, OFF(state_dir), 0, 0, NULL, NULL,
+     "keep prefix snapshots on disk in DIR (a new prompt that extends a stored history feeds only the rest); "
+     "`--state-dir-mb` caps the files (least recently used deleted first)"},
+    {"state-dir-mb", "MB", CLI_DOUBLE, OFF(state_dir_mb), 1, 1e9, NULL, "4096", NULL},
     {"dump-expert-trace", "FILE", CLI_STR, OFF(trace_path), 0, 0, NULL, NULL,
      "every routing decision: `pos layer e1 .. ek` per line (for `scripts/sim_expert_cache.py`)"},
     {"tok", "DIR", CLI_STR, OFF(tok_dir), 0, 0, NULL, NULL,
@@ -338,6 +353,22 @@ int cli_parse(int argc, char **argv, options *o) {
         }
         return 0;
     }
+    if (o->resume) {
+        if (sources || o->load_state || o->chat || o->teacher_force) {
+            fprintf(stderr, "k3: --resume continues the checkpointed run as it was: no --ids/--prompt/--prompt-file, "
+                            "--load-state, --chat or --teacher-force\n");
+            return -1;
+        }
+        return 0;
+    }
+    if (o->load_state && o->teacher_force) {
+        fprintf(stderr, "k3: --teacher-force needs the whole prompt: not with --load-state\n");
+        return -1;
+    }
+    if (o->chat && (o->checkpoint || o->save_state)) {
+        fprintf(stderr, "k3: in --chat, save with /save FILE (no --checkpoint or --save-state)\n");
+        return -1;
+    }
     if (o->chat) {
         if (sources || o->teacher_force || o->full_recompute || o->logits_path || o->json_path) {
             fprintf(stderr, "k3: --chat reads the conversation from stdin: no --ids/--prompt/--prompt-file, --teacher-force, --full-recompute, --dump-logits or --json\n");
@@ -345,7 +376,10 @@ int cli_parse(int argc, char **argv, options *o) {
         }
         return 0;
     }
-    if (sources != 1) { fprintf(stderr, "k3: give exactly one of --ids, --prompt, --prompt-file\n"); return -1; }
+    if (sources > 1 || (sources == 0 && !o->load_state)) {
+        fprintf(stderr, "k3: give exactly one of --ids, --prompt, --prompt-file (optional with --load-state)\n");
+        return -1;
+    }
     return 0;
 }
 

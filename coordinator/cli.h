@@ -49,6 +49,10 @@ typedef struct {
     long draft_max;
     int32_t *stop_ids;
     size_t n_stop_ids;
+    /* state files and snapshots (state_file.h, snapshots.h) */
+    const char *save_state, *load_state, *checkpoint, *resume, *state_dir;
+    long checkpoint_every;
+    double state_dir_mb;
     /* operator tools: --doctor [MODEL_DIR], --verify MODEL_DIR */
     int doctor, verify, sha256;
     const char *expect_path;

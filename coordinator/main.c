@@ -23,6 +23,8 @@
 #include "coordinator/generate.h"
 #include "coordinator/outputs.h"
 #include "coordinator/plan.h"
+#include "coordinator/snapshots.h"
+#include "coordinator/state_gen.h"
 #include "coordinator/tokenize_cmd.h"
 #include "coordinator/doctor.h"
 #include "coordinator/verify.h"
@@ -30,6 +32,7 @@
 #include "coordinator/workers_pool.h"
 #include <errno.h>
 #include <sched.h>
+#include <signal.h>
 #include <jansson.h>
 #include <numa.h>
 #include <omp.h>
@@ -57,7 +60,28 @@ typedef struct {
     double prefill_s, decode_s;
     uint64_t spec_passes, spec_proposed, spec_accepted, spec_refeeds, decode_passes;
     int streamed;        /* the text was printed while generating */
+    int finished;        /* --resume of a run that had already finished */
+    size_t n_loaded;     /* --load-state: history ids that came from the file */
+    size_t n_ckpt;       /* checkpoints written, and their time */
+    double ckpt_s;
 } run_result;
+
+/* State files and snapshots around a run (all optional). */
+typedef struct {
+    const state_fingerprint *fp;
+    state_loaded *ld;     /* --load-state / --resume: the file's history and settings */
+    seq_state *lst;       /* ... and its state (taken over by the run) */
+    int keep_rng;         /* continue the file's generator */
+    snap_store *snaps;    /* --state-dir */
+    int text;             /* the run prints text (saved for --resume) */
+} persist;
+
+static int save_run(const char *path, const persist *ps, const k3_config *c, const gen_seq *g, const options *o,
+                    size_t n, size_t N, k3_error *err) {
+    state_run run = {.kind = STATE_KIND_RUN, .text = ps->text, .gen_target = N, .n_prompt = n,
+                     .ckpt_every = o->checkpoint ? (uint64_t)o->checkpoint_every : 0};
+    return gen_seq_save(path, ps->fp, c, g, &run, err);
+}
 
 /* Prints one token's bytes as they arrive, by complete code points. */
 typedef struct {
@@ -101,10 +125,12 @@ static void keep_row(void *ctx, size_t pos, const float *row) {
 /* Runs the generation through the one generation step; with stream_tok, the
  * generated text goes to stdout as it is produced. Returns an exit status. */
 static int run(engine *en, const options *o, const draft_source *draft, const tokenizer *stream_tok, run_result *r,
+               const persist *ps,
                k3_error *err) {
     const k3_config *c = &en->model->cfg;
     size_t V = (size_t)c->vocab_size, n = r->n_prompt, N = (size_t)o->gen;
-    r->first_pos = o->teacher_force ? 0 : n - 1;
+    size_t i0 = r->n_gen, have = n + i0; /* --resume: ids generated before the interruption */
+    r->first_pos = o->teacher_force ? 0 : have - 1;
     size_t last_pos = N > 0 ? n + N - 2 : n - 1;
     r->n_rows = last_pos + 1 - r->first_pos;
     /* every row is kept only when it is asked for */
@@ -123,21 +149,40 @@ static int run(engine *en, const options *o, const draft_source *draft, const to
     g.on_token = print_token;
     g.on_token_ctx = &tp;
     if (keep && gen_seq_watch_rows(&g, r->first_pos, (size_t)o->chunk, keep_row, &rk, err)) goto out;
-    if (gen_seq_push(&g, r->seq, n, err)) goto out;
     double t0 = k3_now_s();
     uint64_t passes0 = en->passes;
+    if (ps->ld) { /* continue the loaded state; the ids after its history are fed on top */
+        if (gen_seq_adopt(&g, ps->lst, ps->ld->ids, ps->ld->n_ids, ps->keep_rng ? &ps->ld->run.rng : NULL, err) ||
+            gen_seq_push(&g, r->seq + ps->ld->n_ids, have - ps->ld->n_ids, err))
+            goto out;
+        for (size_t i = 0; i < i0; i++) print_token(&tp, r->seq[n + i], 0); /* --resume: the run so far */
+    } else if (ps->snaps && n > 1 && !o->full_recompute && !o->teacher_force) {
+        /* start from the longest stored prefix; store the prompt minus its last id (an identical
+         * prompt then feeds one id) */
+        if (gen_seq_push(&g, r->seq, n - 1, err)) goto out;
+        long L = snap_lookup(ps->snaps, g.ids, g.n, n - 1, &g.st, err);
+        if (L < 0) goto out;
+        if (L > 0) fprintf(stderr, "k3: started from a snapshot of %ld positions (feeding %zu)\n", L, n - (size_t)L);
+        if (gen_feed(en, &g, (size_t)o->chunk, err)) goto out;
+        if ((size_t)L < n - 1 && snap_insert(ps->snaps, g.ids, &g.st, err)) goto out;
+        if (gen_seq_push(&g, r->seq + n - 1, 1, err)) goto out;
+    } else if (gen_seq_push(&g, r->seq, n, err))
+        goto out;
     if (N == 0) {
         if (gen_feed(en, &g, (size_t)o->chunk, err)) goto out;
         r->prefill_s = k3_now_s() - t0;
     }
-    for (size_t i = 0; i < N;) {
+    const char *kill_after = getenv("K3_TEST_KILL_AFTER_CHECKPOINT"); /* tests: SIGKILL mid-run */
+    size_t every = o->checkpoint ? (size_t)o->checkpoint_every : 0;
+    for (size_t i = i0; i < N;) {
         gen_event ev[64];
         size_t nev = 1;
         int32_t prop[63];
         size_t k = i > 0 && draft ? draft_propose(draft, g.ids, g.n, i, prop, (size_t)o->draft_max) : 0;
         if (k ? gen_step_spec(en, &g, prop, k, N - i, ev, &nev, err) : gen_step(en, &g, (size_t)o->chunk, ev, err))
             goto out;
-        if (i == 0) { r->prefill_s = k3_now_s() - t0; t0 = k3_now_s(); passes0 = en->passes; }
+        if (i == i0) { r->prefill_s = k3_now_s() - t0; t0 = k3_now_s(); passes0 = en->passes; }
+        size_t before = i;
         int stop = 0;
         for (size_t j = 0; j < nev && !stop; j++) {
             r->seq[n + i] = ev[j].id;
@@ -145,12 +190,27 @@ static int run(engine *en, const options *o, const draft_source *draft, const to
             stop = ev[j].stop;
         }
         if (stop) break;
+        if (every && i / every > before / every && i < N) { /* every --checkpoint-every generated ids */
+            double tc = k3_now_s();
+            if (save_run(o->checkpoint, ps, c, &g, o, n, N, err)) goto out;
+            r->ckpt_s += k3_now_s() - tc;
+            r->n_ckpt++;
+            if (kill_after && (size_t)atol(kill_after) == r->n_ckpt) raise(SIGKILL);
+        }
     }
     r->decode_passes = en->passes - passes0;
     r->spec_passes = g.spec_passes;
     r->spec_proposed = g.spec_proposed;
     r->spec_accepted = g.spec_accepted;
     r->spec_refeeds = g.spec_refeeds;
+    if (o->checkpoint) { /* the finished run: a --resume of it reports it whole */
+        double tc = k3_now_s();
+        if (save_run(o->checkpoint, ps, c, &g, o, n, N, err)) goto out;
+        r->ckpt_s += k3_now_s() - tc;
+        r->n_ckpt++;
+    }
+    if (o->save_state && save_run(o->save_state, ps, c, &g, o, n, N, err)) goto out;
+    if (ps->snaps && g.st.pos > 0 && !o->full_recompute && snap_insert(ps->snaps, g.ids, &g.st, err)) goto out;
     if (stream_tok) {
         char tail[UTF8_STREAM_MAX_OUT(0)];
         fwrite(tail, 1, utf8_stream_flush(&tp.us, tail), stdout);
@@ -160,7 +220,11 @@ static int run(engine *en, const options *o, const draft_source *draft, const to
     }
     if (tp.tty && N && !stream_tok) fprintf(stderr, "\n");
     if (N > 0 && r->n_gen < N) r->n_rows = n + r->n_gen - 1 - r->first_pos; /* stopped early: rows computed */
-    if (N > 0) r->decode_s = k3_now_s() - t0;
+    if (N > 0) r->decode_s = k3_now_s() - t0 - r->ckpt_s;
+    if (r->n_ckpt)
+        fprintf(stderr, "k3: %zu checkpoint%s to %s, %.2f ms each (%.2f ms per generated token)\n", r->n_ckpt,
+                r->n_ckpt == 1 ? "" : "s", o->checkpoint, 1e3 * r->ckpt_s / (double)r->n_ckpt,
+                r->n_gen > i0 ? 1e3 * r->ckpt_s / (double)(r->n_gen - i0) : 0.0);
     if (o->teacher_force)
         for (size_t p = 0; p < n; p++) {
             r->tf_pred[p] = argmax_logits(r->rows + p * V, V);
@@ -272,6 +336,7 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         if (text) json_object_set_new(j, "generated_text", json_stringn_nocheck(text, text_len));
         if (o->teacher_force) json_object_set_new(j, "tf_pred", ids_json(r->tf_pred, r->n_prompt));
         json_object_set_new(j, "logits_first_position", json_integer((json_int_t)r->first_pos));
+        if (o->load_state) json_object_set_new(j, "state_loaded_ids", json_integer((json_int_t)r->n_loaded));
         json_object_set_new(j, "mode", json_string(o->full_recompute ? "full-recompute" : "incremental"));
         json_object_set_new(j, "threads", json_integer(ri->threads));
         json_object_set_new(j, "simd", json_string(en->k->name));
@@ -279,6 +344,10 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         json_object_set_new(tm, "load_s", json_real(ri->load_s));
         json_object_set_new(tm, "prefill_s", json_real(r->prefill_s));
         json_object_set_new(tm, "decode_s", json_real(r->decode_s));
+        if (r->n_ckpt) {
+            json_object_set_new(tm, "checkpoint_s", json_real(r->ckpt_s));
+            json_object_set_new(tm, "checkpoints", json_integer((json_int_t)r->n_ckpt));
+        }
         /* the first generated token comes from the prefill's logits (prefill_s covers its step, in
          * full recompute too), so decode_s covers the forwards of the other n_gen - 1 */
         size_t n_dec = r->n_gen > 0 ? r->n_gen - 1 : 0;
@@ -456,6 +525,10 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     if (outputs_init()) return EXIT_RUNTIME; /* stdout closed */
     k3_error oe = {0};
     if (outputs_check_paths(o.json_path, o.logits_path, o.trace_path, &oe)) { fprintf(stderr, "k3: %s\n", oe.msg); return EXIT_USAGE; }
+    if (outputs_check_path("--save-state", o.save_state, &oe) || outputs_check_path("--checkpoint", o.checkpoint, &oe)) {
+        fprintf(stderr, "k3: %s\n", oe.msg);
+        return EXIT_USAGE;
+    }
     if (o.encode_file || o.decode_file) return outputs_finish(tokenize_command(o.tok_dir, o.encode_file, o.decode_file, o.no_special));
     if (o.list_presets) { list_presets(); return outputs_finish(EXIT_OK); }
     if (o.verify) return outputs_finish(verify_run(&(verify_options){o.model_dir, o.sha256, o.expect_path, o.json_path, (int)o.threads, 0}));
@@ -519,7 +592,8 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     run_result r = {0};
     int32_t *prompt = NULL;
     size_t n = 0;
-    int status = (o.chat || o.serve) ? EXIT_OK : prompt_ids(&o, tok, &prompt, &n);
+    int sources = o.ids_arg || o.prompt || o.prompt_file;
+    int status = (o.chat || o.serve || !sources) ? EXIT_OK : prompt_ids(&o, tok, &prompt, &n);
     if (status != EXIT_OK) { free(prompt); tokenizer_free(tok); return status; }
     double t0 = k3_now_s();
     k3_model m;
@@ -534,17 +608,93 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     status = EXIT_USAGE;
     expert_backend eb = {0};
     engine en = {0};
+    state_fingerprint fp;
+    seq_state lst = {0};
+    state_loaded ld = {0};
+    snap_store *snaps = NULL;
+    persist ps = {.fp = &fp, .text = !o.ids_arg};
     for (size_t i = 0; i < n; i++)
         if (prompt[i] >= m.cfg.vocab_size) {
             fprintf(stderr, "k3: prompt id %d is outside the vocabulary [0, %d)\n", prompt[i], m.cfg.vocab_size);
             goto done;
         }
-    r.n_prompt = n;
-    r.seq = malloc((n + (size_t)o.gen) * sizeof *r.seq);
-    r.tf_pred = malloc(n * sizeof *r.tf_pred);
+    if (state_fingerprint_compute(&fp, o.model_dir, o.tok_dir, &m.ck, &err)) {
+        fprintf(stderr, "k3: %s\n", err.msg);
+        status = EXIT_RUNTIME;
+        goto done;
+    }
+    const char *lpath = o.resume ? o.resume : o.chat ? NULL : o.load_state;
+    size_t hist = 0; /* ids before this run's prompt */
+    if (lpath) {
+        if (seq_state_init(&lst, &m.cfg, &err)) { fprintf(stderr, "k3: %s\n", err.msg); status = EXIT_RUNTIME; goto done; }
+        if (state_file_load(lpath, &fp, &m.cfg, o.max_context ? (size_t)o.max_context : (size_t)1 << 30, &lst, &ld, &err)) {
+            fprintf(stderr, "k3: refusing the state file: %s\n", err.msg);
+            goto done;
+        }
+        ps.ld = &ld;
+        ps.lst = &lst;
+        ps.keep_rng = 1;
+        if (o.resume) { /* the run as it was started: its prompt, target, sampler, stop ids */
+            if (ld.run.kind != STATE_KIND_RUN || ld.n_ids > ld.run.n_prompt + ld.run.gen_target || ld.run.n_prompt == 0) {
+                fprintf(stderr, "k3: refusing the state file: %s is not a run checkpoint (a chat or snapshot state: use --load-state)\n", lpath);
+                goto done;
+            }
+            n = (size_t)ld.run.n_prompt;
+            r.n_gen = ld.n_ids - n;
+            o.gen = (long)ld.run.gen_target;
+            o.sampling = ld.run.sampling;
+            free(o.stop_ids);
+            o.stop_ids = NULL;
+            o.n_stop_ids = 0;
+            if (ld.run.n_stop_ids && !(o.stop_ids = malloc(ld.run.n_stop_ids * sizeof *o.stop_ids))) goto done;
+            if (ld.run.n_stop_ids) memcpy(o.stop_ids, ld.run.stop_ids, ld.run.n_stop_ids * sizeof *o.stop_ids);
+            o.n_stop_ids = ld.run.n_stop_ids;
+            if (!o.checkpoint) o.checkpoint = o.resume;
+            if (ld.run.ckpt_every) o.checkpoint_every = (long)ld.run.ckpt_every;
+            ps.text = ld.run.text;
+            int done_already = r.n_gen >= (size_t)o.gen;
+            for (size_t j = 0; r.n_gen > 0 && j < o.n_stop_ids; j++) done_already |= ld.ids[ld.n_ids - 1] == o.stop_ids[j];
+            if (done_already) o.checkpoint = NULL; /* nothing left to run: just report it */
+            fprintf(stderr, "k3: resuming %s: %zu prompt ids, %zu of %ld generated\n", lpath, n, r.n_gen, o.gen);
+            r.finished = done_already;
+        } else {
+            hist = ld.n_ids;
+            sampler_config dflt;
+            sampler_config_default(&dflt);
+            if (memcmp(&o.sampling, &dflt, sizeof dflt) == 0) o.sampling = ld.run.sampling; /* continue as saved */
+            else if (o.sampling.seed != dflt.seed) ps.keep_rng = 0;                          /* a new seed: re-seeded */
+            if (!o.n_stop_ids && ld.run.n_stop_ids) {
+                if (!(o.stop_ids = malloc(ld.run.n_stop_ids * sizeof *o.stop_ids))) goto done;
+                memcpy(o.stop_ids, ld.run.stop_ids, ld.run.n_stop_ids * sizeof *o.stop_ids);
+                o.n_stop_ids = ld.run.n_stop_ids;
+            }
+            if (!sources) ps.text = ld.run.text;
+            if (ld.n_ids - lst.pos + n == 0 && o.gen > 0) {
+                fprintf(stderr, "k3: refusing the state file: %s has no pending id (saved after --gen 0?): give --ids or "
+                                "--prompt to continue it\n", lpath);
+                goto done;
+            }
+            r.n_loaded = hist;
+        }
+        fprintf(stderr, "k3: loaded %s: %zu ids (%zu fed)\n", lpath, ld.n_ids, lst.pos);
+    }
+    size_t total = o.resume ? n : hist + n; /* the prompt of this run (history + appended) */
+    if (lpath && o.max_context && total + (size_t)o.gen > (size_t)o.max_context && !r.finished) {
+        fprintf(stderr, "k3: refusing the state file: its history of %zu ids%s plus --gen %ld exceeds --max-context %ld\n",
+                o.resume ? ld.n_ids : hist, o.resume || !n ? "" : " and the new prompt", o.gen - (long)r.n_gen, o.max_context);
+        goto done;
+    }
+    r.n_prompt = total;
+    r.seq = malloc((total + (size_t)o.gen) * sizeof *r.seq);
+    r.tf_pred = malloc((total ? total : 1) * sizeof *r.tf_pred);
     status = EXIT_RUNTIME;
     if (!r.seq || !r.tf_pred) { fprintf(stderr, "k3: out of memory\n"); goto done; }
-    if (n) memcpy(r.seq, prompt, n * sizeof *prompt); /* --chat, --serve: no prompt */
+    if (o.resume) memcpy(r.seq, ld.ids, ld.n_ids * sizeof *r.seq);
+    else {
+        if (hist) memcpy(r.seq, ld.ids, hist * sizeof *r.seq);
+        if (n) memcpy(r.seq + hist, prompt, n * sizeof *prompt);
+    }
+    n = total;
     uint64_t budget;
     status = EXIT_USAGE;
     if (budget_bytes(&o, &budget)) goto done;
@@ -575,6 +725,12 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     ri.trunk = tr;
     en = (engine){.model = &m, .trunk = tr, .k = k, .experts = &eb};
     if (engine_init(&en, (size_t)o.chunk, ctx, ri.threads, &err)) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
+    if (o.state_dir || o.chat) { /* prefix snapshots: in memory within the plan, on disk with --state-dir */
+        snap_options so = {.cfg = &m.cfg, .fp = &fp, .mem_cap = o.chat ? plan.snapshot_bytes : 0, .dir = o.state_dir,
+                           .disk_cap = (uint64_t)(o.state_dir_mb * 1048576.0), .max_positions = ctx, .log = stderr};
+        if (snap_store_open(&snaps, &so, &err)) { fprintf(stderr, "k3: %s\n", err.msg); status = EXIT_USAGE; goto done; }
+        ps.snaps = o.state_dir ? snaps : NULL;
+    }
     FILE *trace = NULL;
     if (o.trace_path) {
         if (!(trace = fopen(o.trace_path, "w"))) { fprintf(stderr, "k3: cannot write %s\n", o.trace_path); goto done; }
@@ -617,11 +773,26 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
         co.n_stop_ids = o.n_stop_ids;
         co.chunk = (size_t)o.chunk;
         co.max_context = plan_ctx; /* the planned context: --max-context or the default the plan was sized for */
+        co.fp = &fp;
+        co.load_state = o.load_state;
+        co.snaps = snaps;
         status = chat_repl(&en, tok, &co, stdin, stdout, stderr);
         if (trace) fclose(trace);
         goto done;
     }
-    status = run(&en, &o, draft.kind != DRAFT_NONE ? &draft : NULL, o.ids_arg ? NULL : tok, &r, &err);
+    if (r.finished) { /* --resume of a finished run: report it */
+        status = EXIT_OK;
+        if (ps.text && tok) { /* the same bytes the streaming run printed */
+            token_printer tp = {.tok = tok};
+            utf8_stream_init(&tp.us, 1);
+            for (size_t i = 0; i < r.n_gen; i++) print_token(&tp, r.seq[r.n_prompt + i], 0);
+            char tail[UTF8_STREAM_MAX_OUT(0)];
+            fwrite(tail, 1, utf8_stream_flush(&tp.us, tail), stdout);
+            fputc('\n', stdout);
+            r.streamed = 1;
+        }
+    }
+    else status = run(&en, &o, draft.kind != DRAFT_NONE ? &draft : NULL, ps.text ? tok : NULL, &r, &ps, &err);
     int trace_err = 0;
     if (trace && ((ferror(trace) | fclose(trace)) != 0)) trace_err = errno ? errno : EIO;
     if (status != EXIT_OK) fprintf(stderr, "k3: %s\n", err.msg);
@@ -632,6 +803,9 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     }
 done:
     draft_close(&draft);
+    snap_store_free(snaps);
+    state_loaded_free(&ld);
+    seq_state_free(&lst);
     engine_free(&en);
     if (eb.destroy) eb.destroy(&eb);
     trunk_free(tr);

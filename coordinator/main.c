@@ -677,6 +677,14 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
             r.n_loaded = hist;
         }
         fprintf(stderr, "k3: loaded %s: %zu ids (%zu fed)\n", lpath, ld.n_ids, lst.pos);
+        if (ps.text && !tok) { /* the saved run printed text: so does its continuation */
+            char e[1024];
+            if (!(tok = tokenizer_load(o.model_dir, e, sizeof e))) {
+                fprintf(stderr, "k3: cannot load the tokenizer: %s\n", e);
+                goto done;
+            }
+            ri.tok = tok;
+        }
     }
     size_t total = o.resume ? n : hist + n; /* the prompt of this run (history + appended) */
     if (lpath && o.max_context && total + (size_t)o.gen > (size_t)o.max_context && !r.finished) {

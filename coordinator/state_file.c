@@ -396,15 +396,14 @@ static int load(reader *r, const state_fingerprint *fp, const k3_config *cfg, si
                        r->name, ver, STATE_FILE_VERSION);
     if (ver != STATE_FILE_VERSION)
         return k3_fail(r->err, "%s: unsupported state format version %u", r->name, ver);
-    if (nsec != 3 + (uint32_t)cfg->num_hidden_layers)
-        return k3_fail(r->err, "%s: has %u sections, this model needs %d (another model?)", r->name, nsec,
-                       3 + cfg->num_hidden_layers);
     section s;
     /* fingerprint */
     uint64_t f[5];
     if (r_section(r, &s, "FPRT", 0, "fingerprint", FPRT_LEN, 0) || r_payload(r, &s, f, sizeof f) || r_check(r, &s))
         return -1;
     if (fp_compare(r, fp, f)) return -1;
+    if (nsec != 3 + (uint32_t)cfg->num_hidden_layers)
+        return k3_fail(r->err, "%s: corrupt: %u sections, this model needs %d", r->name, nsec, 3 + cfg->num_hidden_layers);
     /* run settings */
     uint8_t rb[RUN_FIXED + 4 * STATE_MAX_STOP_IDS];
     if (r_section(r, &s, "RUN ", 0, "run settings", 0, sizeof rb)) return -1;

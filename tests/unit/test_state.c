@@ -99,10 +99,12 @@ static void engine_open(test_engine *te, const char *dir) {
     if (experts_local_create(&te->eb, &te->m, k, te->plan.expert_cache_per_worker, CACHE_POLICY_DEFAULT, &err))
         die(err.msg);
     te->en = (engine){.model = &te->m, .trunk = te->tr, .k = k, .experts = &te->eb};
+    if (engine_init(&te->en, 64, 4096, 2, &err)) die(err.msg);
     if (state_fingerprint_compute(&te->fp, dir, NULL, &te->m.ck, &err)) die(err.msg);
 }
 
 static void engine_close(test_engine *te) {
+    engine_free(&te->en);
     if (te->eb.destroy) te->eb.destroy(&te->eb);
     trunk_free(te->tr);
     plan_free(&te->plan);

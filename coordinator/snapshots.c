@@ -324,10 +324,13 @@ static int disk_put(snap_store *s, const int32_t *ids, uint64_t h, const seq_sta
 }
 
 int snap_insert(snap_store *s, const int32_t *ids, const seq_state *st, k3_error *err) {
+    (void)err;
     if (st->pos == 0) return 0;
     uint64_t h = ids_hash(s, ids, st->pos);
     s->st.inserts++;
-    if (mem_put(s, ids, h, st, err)) return -1;
-    if (s->dir && disk_put(s, ids, h, st, err)) return -1;
+    /* best effort: a snapshot that cannot be kept (memory, a full disk) costs speed, not the run */
+    k3_error e1 = {0}, e2 = {0};
+    if (mem_put(s, ids, h, st, &e1) && s->opt.log) fprintf(s->opt.log, "k3: snapshot not kept in memory: %s\n", e1.msg);
+    if (s->dir && disk_put(s, ids, h, st, &e2) && s->opt.log) fprintf(s->opt.log, "k3: snapshot not written: %s\n", e2.msg);
     return 0;
 }

@@ -10,7 +10,9 @@
  *                                          need the logits of position n-1 pass n-1); returns L
  *                                          (0 = none: st untouched), or -1 on an engine error
  *   snap_insert(s, ids, st, err)           stores a copy of st (st->pos fed positions, whose
- *                                          ids are ids[0..st->pos))
+ *                                          ids are ids[0..st->pos)); best effort: a snapshot
+ *                                          that cannot be kept (out of memory, a full disk) is
+ *                                          reported on opt.log and the call still returns 0
  *
  * Contract
  * - A restored state is bit-for-bit the state the inserted one had: feeding the rest of the

@@ -89,7 +89,7 @@ P=$(prompt_of m13)
 "$K3" $M --ids "$P" --gen 14 --workers 0 > "$T/k.u" 2>/dev/null
 rm -f "$T/c.k3state"
 ( K3_TEST_KILL_AFTER_CHECKPOINT=2 "$K3" $M --ids "$P" --gen 14 --workers 2 --checkpoint "$T/c.k3state" --checkpoint-every 3 \
-  > /dev/null 2>&1 ) 2>/dev/null; rc=$?
+  > /dev/null 2>&1; exit $? ) 2>/dev/null; rc=$?
 [ $rc = 137 ] || fail "self-kill after the 2nd checkpoint: exit $rc, expected 137 (SIGKILL)"
 [ "$($PY $TOOL ids "$T/c.k3state" | awk '{print $NF}')" = "pos=$(( $(echo "$P" | tr ',' '\n' | wc -l) + 5 ))" ] \
   || fail "the checkpoint after 6 tokens should have 5 of them fed"
@@ -102,7 +102,7 @@ cmp -s "$T/k.u" "$T/k.r2" && ok "--resume of the finished run reports it whole" 
 S="--temperature 0.8 --top-k 40 --seed 11"
 "$K3" $M --prompt "The expert servers" --gen 16 $S --workers 0 > "$T/t.u" 2>/dev/null
 ( K3_TEST_KILL_AFTER_CHECKPOINT=1 "$K3" $M --prompt "The expert servers" --gen 16 $S --workers 0 --checkpoint "$T/ct.k3state" \
-  --checkpoint-every 4 > /dev/null 2>&1 ) 2>/dev/null
+  --checkpoint-every 4 > /dev/null 2>&1; exit $? ) 2>/dev/null
 "$K3" $M --resume "$T/ct.k3state" --workers 2 > "$T/t.r" 2>/dev/null || fail "--resume (text)"
 cmp -s "$T/t.u" "$T/t.r" && ok "--resume of a seeded --prompt run prints the uninterrupted text" || fail "--resume text differs"
 # an external kill -9 while it runs

@@ -1,6 +1,6 @@
 /* verify.c - every byte of a checkpoint checked once (see verify.h).
  *
- * Structure first (config, index, shard headers, the engine's loader), then one
+ * Structure first (config, index, shard headers, the layer schema), then one
  * pass over the data: chunks (8 MiB) in file order (with SHA-256, round robin
  * over up to n_threads shards, so that shards hash in parallel) are handed to reader
  * threads; each reads its chunk (plus ALIGN bytes of overlap so an element that
@@ -15,6 +15,7 @@
 #include "common/config.h"
 #include "common/safetensors.h"
 #include "common/sha256.h"
+#include "common/layer_schema.h"
 #include "coordinator/model.h"
 #include <dirent.h>
 #include <errno.h>
@@ -62,6 +63,8 @@ typedef struct {
     char *expect;               /* expected digest (hex) or NULL */
 } vshard;
 
+typedef struct { const char *name; int shard; const st_tensor *t; } name_ref;
+
 typedef struct {
     uint8_t *data;
     int state;                  /* 0 free, 1 reading, 2 read (waiting for its shard's hasher) */
@@ -87,6 +90,10 @@ typedef struct {
     uint64_t bytes_total, bytes_done;
     int any_direct, any_buffered;
     uint64_t chunk;             /* read size, a multiple of ALIGN */
+    name_ref *refs;             /* every tensor of every readable shard, by name */
+    size_t n_refs;
+    char note_unused[640];      /* printed after the summary line */
+    int note_missing;
 } verifier;
 
 /* ---- problems ---- */
@@ -155,7 +162,6 @@ static int add_shard(verifier *v, const char *name) {
 
 static int cmp_shard(const void *a, const void *b) { return strcmp(((const vshard *)a)->name, ((const vshard *)b)->name); }
 
-typedef struct { const char *name; int shard; } name_ref;
 static int cmp_ref(const void *a, const void *b) { return strcmp(((const name_ref *)a)->name, ((const name_ref *)b)->name); }
 
 /* The index, the directory listing and every shard header; returns the number
@@ -226,7 +232,7 @@ static size_t check_structure(verifier *v, json_t **index_out) {
     if (!refs) { v->oom = 1; *index_out = index; return v->np - before; }
     size_t nr = 0;
     for (int i = 0; i < v->n_shards; i++)
-        for (size_t t = 0; v->sh[i].header_ok && t < v->sh[i].f.n_tensors; t++) refs[nr++] = (name_ref){v->sh[i].f.tensors[t].name, i};
+        for (size_t t = 0; v->sh[i].header_ok && t < v->sh[i].f.n_tensors; t++) refs[nr++] = (name_ref){v->sh[i].f.tensors[t].name, i, &v->sh[i].f.tensors[t]};
     qsort(refs, nr, sizeof *refs, cmp_ref);
     for (size_t t = 1; t < nr; t++)
         if (!strcmp(refs[t].name, refs[t - 1].name))
@@ -241,7 +247,7 @@ static size_t check_structure(verifier *v, json_t **index_out) {
             if (!want) continue; /* already named: not a plain shard file name */
             if (si < 0 || strcmp(v->sh[si].name, want)) si = shard_index(v, want);
             if (si < 0 || !v->sh[si].header_ok) continue; /* already named: missing or unreadable shard */
-            name_ref key = {k, 0};
+            name_ref key = {k, 0, NULL};
             name_ref *r = bsearch(&key, refs, nr, sizeof *refs, cmp_ref);
             if (r && r->shard == si) continue;
             if (r) add_problem(v, 0, si, k, -1, UINT64_MAX, "index maps tensor '%s' to %s, but it is in %s", k, want, v->sh[r->shard].name);
@@ -254,9 +260,72 @@ static size_t check_structure(verifier *v, json_t **index_out) {
                             v->sh[refs[t].shard].name);
         }
     }
-    free(refs);
+    v->refs = refs;
+    v->n_refs = nr;
     *index_out = index;
     return v->np - before;
+}
+
+/* ---- the layer schema ---- */
+
+#define MAX_MISSING_NAMED 50
+
+typedef struct {
+    verifier *v;
+    const k3_config *c;
+    unsigned char *used;     /* per ref: expected by the schema */
+    uint64_t missing;
+    int skip_missing;        /* a shard is unreadable: its tensors would all look missing */
+} schema_walk;
+
+/* The rows of one table for one layer / expert: presence, dtype and shape (ls_check,
+ * the loader's own check). */
+static void check_table(schema_walk *w, ls_kind kind, int layer, int expert) {
+    verifier *v = w->v;
+    const ls_table *tb = ls_table_get(kind);
+    char name[512];
+    for (int i = 0; i < tb->n; i++) {
+        const ls_tensor *t = &tb->rows[i];
+        if (!ls_cond_holds(w->c, t->cond) || ls_tensor_name(tb, t, layer, expert, name, sizeof name)) continue;
+        name_ref key = {name, 0, NULL};
+        const name_ref *r = v->n_refs ? bsearch(&key, v->refs, v->n_refs, sizeof *v->refs, cmp_ref) : NULL;
+        if (!r) {
+            if (!w->skip_missing && w->missing++ < MAX_MISSING_NAMED)
+                add_problem(v, 0, -1, name, -1, UINT64_MAX, "schema: missing tensor '%s' (%s)", name, tb->name);
+            continue;
+        }
+        w->used[r - v->refs] = 1;
+        ckpt_entry e = {r->name, r->t, r->shard};
+        k3_error err = {0};
+        if (ls_check(w->c, t, &e, &err)) add_problem(v, 0, r->shard, name, -1, r->t->begin, "schema: %s (shard %s)", err.msg, v->sh[r->shard].name);
+    }
+}
+
+/* Every tensor the layer schema (common/layer_schema.h) expects for this config:
+ * each missing one (the first MAX_MISSING_NAMED by name, then a count) and each
+ * dtype or shape that differs. Tensors the engine does not use are counted in a note. */
+static void check_schema(verifier *v, const k3_config *c, int skip_missing) {
+    schema_walk w = {v, c, calloc(v->n_refs ? v->n_refs : 1, 1), 0, skip_missing};
+    if (!w.used) { v->oom = 1; return; }
+    check_table(&w, LS_MODEL, -1, -1);
+    for (int l = 0; l < c->num_hidden_layers; l++) {
+        check_table(&w, LS_LAYER, l, -1);
+        check_table(&w, ls_attn_kind(c, l), l, -1);
+        ls_kind ffn = ls_ffn_kind(c, l);
+        check_table(&w, ffn, l, -1);
+        for (int e = 0; ffn == LS_MOE && e < c->num_experts; e++) check_table(&w, LS_EXPERT, l, e);
+    }
+    if (w.missing > MAX_MISSING_NAMED)
+        add_problem(v, 0, -1, NULL, -1, UINT64_MAX, "schema: %llu more tensors are missing (the first %d are named above)",
+                    (unsigned long long)(w.missing - MAX_MISSING_NAMED), MAX_MISSING_NAMED);
+    size_t unused = 0, first = 0;
+    for (size_t i = 0; i < v->n_refs; i++)
+        if (!w.used[i] && !unused++) first = i;
+    if (unused)
+        snprintf(v->note_unused, sizeof v->note_unused,
+                 "note: %zu tensor(s) that the engine does not use (e.g. '%s'); not a problem (other parts of a release, e.g. vision)\n",
+                 unused, v->refs[first].name);
+    free(w.used);
 }
 
 /* ---- data pass ---- */
@@ -719,19 +788,21 @@ int verify_run(const verify_options *o) {
     k3_error e = {0};
     int cfg_ok = config_load(v.dir, &cfg, &e) == 0;
     if (!cfg_ok) add_problem(&v, 0, -1, NULL, -1, UINT64_MAX, "%s", e.msg);
-    else config_free(&cfg);
     json_t *index = NULL;
-    size_t structural = check_structure(&v, &index);
+    check_structure(&v, &index);
     json_decref(index);
     int schema_checked = 0;
-    if (cfg_ok && structural == 0 && !v.oom) {
-        fprintf(stderr, "k3: verify: checking every tensor's dtype and shape against config.json (the engine's loader)\n");
-        k3_model m;
-        k3_error me = {0};
-        if (model_load(v.dir, &m, &me)) add_problem(&v, 0, -1, NULL, -1, UINT64_MAX, "schema: %s", me.msg);
-        else model_free(&m);
+    if (cfg_ok && !v.oom) {
+        /* every tensor of the layer schema, all problems; then, when all is sound, the
+         * engine's loader itself (anything else it would refuse) */
+        fprintf(stderr, "k3: verify: checking every tensor's presence, dtype and shape against config.json (layer schema)\n");
+        int unreadable = 0;
+        for (int i = 0; i < v.n_shards; i++) unreadable |= !v.sh[i].header_ok;
+        v.note_missing = unreadable;
+        check_schema(&v, &cfg, unreadable);
         schema_checked = 1;
     }
+    if (cfg_ok) config_free(&cfg);
     uint64_t n_tensors = 0;
     for (int i = 0; i < v.n_shards; i++) n_tensors += v.sh[i].header_ok ? v.sh[i].f.n_tensors : 0;
     fprintf(stderr, "k3: verify: reading %d shard(s), %llu tensors%s\n", v.n_shards, (unsigned long long)n_tensors,
@@ -739,6 +810,12 @@ int verify_run(const verify_options *o) {
     double secs = 0;
     if (v.oom || data_pass(&v, &secs)) { fprintf(stderr, "k3: verify: out of memory or cannot start threads\n"); goto out; }
     report_values(&v);
+    if (cfg_ok && v.np == 0 && !v.oom) { /* all sound so far: the engine's loader must agree (anything else it refuses) */
+        k3_model m;
+        k3_error me = {0};
+        if (model_load(v.dir, &m, &me)) add_problem(&v, 0, -1, NULL, -1, UINT64_MAX, "loader: %s", me.msg);
+        else model_free(&m);
+    }
     if (o->expect_path) check_digests(&v, ex, n_ex);
     if (v.oom) { fprintf(stderr, "k3: verify: out of memory\n"); goto out; }
     if (v.np) qsort(v.pv, v.np, sizeof *v.pv, cmp_problem);
@@ -751,7 +828,9 @@ int verify_run(const verify_options *o) {
         for (int i = 0; i < v.n_shards; i++)
             if (v.sh[i].hashed) printf("%s  %s\n", v.sh[i].hex, v.sh[i].name);
     }
-    if (!schema_checked) printf("note: the dtype/shape check against config.json was skipped: fix the problems below first\n");
+    if (!schema_checked) printf("note: the presence/dtype/shape check against config.json was skipped: config.json is refused\n");
+    if (v.note_missing) printf("note: missing tensors are not listed while a shard is missing or unreadable (see below)\n");
+    fputs(v.note_unused, stdout);
     for (size_t i = 0; i < v.np; i++) printf("PROBLEM: %s\n", v.pv[i].msg);
     if (v.np) printf("k3 verify: %zu problem(s) found: this checkpoint would be refused or give wrong results\n", v.np);
     else printf("k3 verify: OK: every header, index entry, dtype/shape, scale byte and float value checked%s\n",
@@ -774,6 +853,7 @@ out:
         free(s->expect);
     }
     free(v.sh);
+    free(v.refs);
     for (size_t i = 0; i < v.np; i++) { free(v.pv[i].msg); free(v.pv[i].tensor); }
     free(v.pv);
     for (int b = 0; v.bufs && b < v.n_bufs; b++) free(v.bufs[b].data);

@@ -8,10 +8,12 @@
  *    tensor it maps is in the shard it names, every tensor of every shard is in
  *    it, no tensor is in two shards;
  *  - every shard header (safetensors.h: dtypes, shapes, offsets, truncation);
- *  - every tensor's presence, dtype and shape against the config, by the engine's
- *    own loader (model_load: trunk, every routed expert's six MXFP4 tensors)
- *    when the headers and the index are sound; model_load stops at its first
- *    refusal, so this check names one schema problem;
+ *  - every tensor the layer schema (common/layer_schema.h) expects for the config
+ *    (trunk, every routed expert's six MXFP4 tensors): each missing one (the first
+ *    50 by name, then a count; not listed while a shard is unreadable) and each
+ *    dtype or shape mismatch (ls_check, the loader's own check) is a problem;
+ *    tensors the engine does not use are counted in a note. When nothing else is
+ *    wrong, the engine's loader (model_load) must accept the directory too;
  *  - the data: every byte of every shard is read once (O_DIRECT when the file
  *    system accepts it, 8 MiB aligned reads, several threads in flight); every
  *    F32/BF16/F16/F64 element must be finite, every MXFP4 scale byte (U8 tensors

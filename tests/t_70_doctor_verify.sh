@@ -87,6 +87,13 @@ verify "index/shard mismatch" 2 "$T/q/move"
 WANT="PROBLEM|schema: tensor '$QPROJ': shape [46, 48], expected [48, 46]"
 verify "shape against the config" 2 "$T/q/shape"
 
+# several schema problems in one copy: each named (the loader would stop at the first)
+cp -r "$T/q/shape" "$T/schema"
+$MUT "$T/schema" remove "$P.layers.2.post_attention_layernorm.weight" >/dev/null &&
+  $MUT "$T/schema" dtype "$P.layers.1.self_attn.k_proj.weight" F16 >/dev/null || bad "schema: mutation failed"
+WANT="PROBLEM|schema: tensor '$QPROJ': shape [46, 48], expected [48, 46]|schema: missing tensor '$P.layers.2.post_attention_layernorm.weight'|schema: tensor '$P.layers.1.self_attn.k_proj.weight': dtype F16, expected F32 or BF16|3 problem(s) found"
+verify "three schema problems, all named" 2 "$T/schema"
+
 # a wrong digest with --expect (the good bytes, one listed digest changed)
 sed "s/^[0-9a-f]\{8\}\(.*$S1\)\$/00000000\1/" "$T/expect.good" >"$T/expect.bad"
 WANT="PROBLEM|shard $S1: SHA-256|expects 00000000"

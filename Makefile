@@ -16,8 +16,11 @@ AVX2_FLAGS   = -mavx2 -mfma
 SHANI_FLAGS  = -msha -msse4.1 -mssse3
 AVX512_FLAGS = -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma
 # Open MPI (--mpi): only coordinator/experts_mpi.c includes mpi.h and only bin/k3 links libmpi.
-MPI_CFLAGS  := $(shell mpicc --showme:compile 2>/dev/null)
-MPI_LIBS    := $(shell mpicc --showme:link 2>/dev/null)
+# Evaluated when used (after scripts/ensure_deps.sh has installed libopenmpi-dev); Debian's
+# paths when neither mpicc (openmpi-bin) nor pkg-config is there.
+MPI_DIR      = /usr/lib/$(shell $(CC) -print-multiarch)/openmpi
+MPI_CFLAGS   = $(shell pkg-config --cflags ompi-c 2>/dev/null || echo -I$(MPI_DIR)/include -I$(MPI_DIR)/include/openmpi)
+MPI_LIBS     = $(shell pkg-config --libs ompi-c 2>/dev/null || echo -L$(MPI_DIR)/lib -lmpi)
 
 COMMON_SRCS = $(sort $(wildcard common/*.c))
 WORKER_SRCS = $(filter-out workers/expertd_main.c,$(sort $(wildcard workers/*.c)))

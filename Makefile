@@ -36,7 +36,7 @@ BENCH_BINS  = $(BENCH_SRCS:bench/%.c=$(BIN)/%)
 
 PROGS = $(BIN)/k3 $(if $(wildcard workers/expertd_main.c),$(BIN)/k3-expertd)
 
-.PHONY: all deps test unit asan fuzz bench bench-model ladder demo readme-options clean
+.PHONY: all deps test unit asan fuzz bench bench-model bench-limits ladder demo readme-options clean
 all: $(PROGS) $(UNIT_BINS)
 
 $(BUILD)/%.o: %.c $(wildcard common/*.h coordinator/*.h workers/*.h)
@@ -98,6 +98,11 @@ bench: $(BENCH_BINS) $(PROGS)
 # The real-width benchmark model (not committed, ~15 GB): K3's widths, 6 layers, 32 experts.
 bench-model:
 	test -f models-big/rw6/config.json || /usr/bin/python3 scripts/gen_model.py --preset realwidth --out models-big/rw6
+
+# The engine against this machine's ceilings (read bandwidth, FMA peak, device read rate)
+# on the real-width model, one run; report in markdown on stdout (docs/PERFORMANCE.md).
+bench-limits: $(BIN)/bench_kernels $(PROGS)
+	scripts/bench_limits.sh
 
 # The memory ladder on it (results into docs/PERFORMANCE.md).
 ladder: $(PROGS) bench-model

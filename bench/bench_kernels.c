@@ -5,7 +5,8 @@
  * threads, at the selected SIMD level and at scalar. Prints a markdown table:
  * time per call, GB/s of weight bytes streamed, fraction of the read bandwidth
  * measured with the same thread count.
- * Usage: bench_kernels [--simd auto|avx2|avx512|scalar] [--quick] */
+ * Usage: bench_kernels [--simd auto|avx2|avx512|scalar] [--quick]
+ *        bench_kernels --ceilings   (only the read bandwidth and FMA peak, one line each) */
 #include <emmintrin.h>
 #include <omp.h>
 #include <stdio.h>
@@ -121,6 +122,62 @@ static double fma_peak(int reps) {
 static double fma_peak(int reps) { (void)reps; return 0; }
 #endif
 
+/* Read bandwidth with S independent streams per thread: every thread splits its
+ * static share into S equal parts and reads them interleaved, 64 bytes of each per
+ * step (more misses in flight than one stream's prefetcher gives). GB/s, best of reps. */
+static double read_bandwidth_streams(const uint8_t *buf, size_t n, int S, int reps) {
+    double best = 0;
+    for (int r = 0; r < reps; r++) {
+        uint64_t total = 0;
+        double t0 = now_s();
+#pragma omp parallel reduction(+ : total)
+        {
+            int nt = omp_get_num_threads(), me = omp_get_thread_num();
+            size_t share = n / 64 / (size_t)nt, part = share / (size_t)S;
+            const uint8_t *b0 = buf + (size_t)me * share * 64;
+            __m128i a0 = _mm_setzero_si128(), a1 = a0;
+            for (size_t i = 0; i < part; i++)
+                for (int s2 = 0; s2 < S; s2++) {
+                    const __m128i *p = (const __m128i *)(b0 + ((size_t)s2 * part + i) * 64);
+                    a0 = _mm_add_epi64(a0, _mm_add_epi64(_mm_load_si128(p), _mm_load_si128(p + 1)));
+                    a1 = _mm_add_epi64(a1, _mm_add_epi64(_mm_load_si128(p + 2), _mm_load_si128(p + 3)));
+                }
+            uint64_t l[2];
+            _mm_storeu_si128((__m128i *)l, _mm_add_epi64(a0, a1));
+            total += l[0] + l[1];
+        }
+        double dt = now_s() - t0;
+        if (total == 42) fprintf(stderr, " ");
+        size_t nt_bytes = n / 64 * 64;
+        if ((double)nt_bytes / dt / 1e9 > best) best = (double)nt_bytes / dt / 1e9;
+    }
+    return best;
+}
+
+/* The machine's ceilings for this run: read bandwidth (best of 1 stream and 2, 4, 8
+ * independent streams per thread) and the double FMA peak, for 1 thread and all. */
+static int print_ceilings(void) {
+    const size_t n = (size_t)512 << 20;
+    uint8_t *buf = xmalloc(n);
+    fill_random(buf, n, 7);
+    int nthr_all = omp_get_max_threads();
+    int th[2] = {1, nthr_all};
+    for (int ti = 0; ti < (nthr_all > 1 ? 2 : 1); ti++) {
+        omp_set_num_threads(th[ti]);
+        double bw = read_bandwidth(buf, n, 3);
+        int best_s = 1;
+        for (int S = 2; S <= 8; S *= 2) {
+            double b = read_bandwidth_streams(buf, n, S, 3);
+            if (b > bw) { bw = b; best_s = S; }
+        }
+        printf("read_bw_gbs threads=%d %.2f streams_per_thread=%d\n", th[ti], bw, best_s);
+        printf("fma_peak_gflops threads=%d %.2f\n", th[ti], fma_peak(3));
+    }
+    omp_set_num_threads(nthr_all);
+    free(buf);
+    return 0;
+}
+
 typedef struct {
     const char *what;
     int is_mxfp4;
@@ -175,8 +232,10 @@ int main(int argc, char **argv) {
             }
         } else if (strcmp(argv[i], "--quick") == 0) {
             quick = 1;
+        } else if (strcmp(argv[i], "--ceilings") == 0) {
+            return print_ceilings();
         } else {
-            fprintf(stderr, "usage: bench_kernels [--simd auto|scalar|avx2|avx512] [--quick]\n");
+            fprintf(stderr, "usage: bench_kernels [--simd auto|scalar|avx2|avx512] [--quick] | --ceilings\n");
             return 2;
         }
     }

@@ -1,6 +1,7 @@
 /* trunk.c - pinned prefix + streaming slots for the dense trunk (see trunk.h). */
 #define _GNU_SOURCE
 #include "coordinator/trunk.h"
+#include "common/weight_mem.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -105,7 +106,10 @@ static int read_region(trunk *t, const ckpt_entry *e, uint64_t off, uint64_t len
             return 0;
         }
     }
-    if (checkpoint_read(ck, e, off, dst, len, err)) return -1;
+    int rc;
+#pragma omp critical(k3_trunk_buffered_read) /* checkpoint_read opens shards lazily: one at a time */
+    rc = checkpoint_read(ck, e, off, dst, len, err);
+    if (rc) return -1;
     *data = dst;
     return 0;
 }
@@ -198,10 +202,8 @@ static void reader_stop(trunk *t) {
     t->reader_running = 0;
 }
 
-static uint8_t *alloc_aligned(uint64_t n) {
-    void *p = NULL;
-    return posix_memalign(&p, IO_ALIGN, n ? n : IO_ALIGN) == 0 ? p : NULL;
-}
+/* weight memory: 2 MiB aligned (a multiple of IO_ALIGN), transparent huge pages (weight_mem.h) */
+static uint8_t *alloc_aligned(uint64_t n) { return n > SIZE_MAX ? NULL : weight_mem_alloc((size_t)n); }
 
 trunk *trunk_create(k3_model *m, const trunk_config *tc, k3_error *err) {
     trunk *t = calloc(1, sizeof *t);
@@ -242,9 +244,27 @@ trunk *trunk_create(k3_model *m, const trunk_config *tc, k3_error *err) {
             return NULL;
         }
         t->pinned_bytes += n;
-        if (read_walk_unit(t, i, &t->pinned[i], err)) { trunk_free(t); return NULL; }
-        if (tty) fprintf(stderr, "\rk3: pinning trunk %d/%d", i + 1, t->n_pinned);
     }
+    /* Two readers at once: while one waits for the device, the other's first touch of
+     * fresh memory (the kernel clearing the pages it reads into) proceeds. */
+    int failed = 0, done = 0;
+#pragma omp parallel for schedule(dynamic, 1) num_threads(2)
+    for (int i = 0; i < t->n_pinned; i++) {
+        int stop;
+#pragma omp atomic read
+        stop = failed;
+        if (stop) continue;
+        k3_error e = {0};
+        int rc = read_walk_unit(t, i, &t->pinned[i], &e);
+#pragma omp critical(k3_trunk_pin)
+        {
+            if (rc && !failed) {
+                failed = 1;
+                *err = e;
+            } else if (!rc && tty) fprintf(stderr, "\rk3: pinning trunk %d/%d", ++done, t->n_pinned);
+        }
+    }
+    if (failed) { trunk_free(t); return NULL; }
     if (tty && t->n_pinned) fprintf(stderr, "\n");
     t->slot_bytes = trunk_slot_bytes(m, t->lm_rows);
     for (int s = 0; s < t->n_slots; s++)
@@ -266,9 +286,9 @@ trunk *trunk_create(k3_model *m, const trunk_config *tc, k3_error *err) {
 void trunk_free(trunk *t) {
     if (!t) return;
     reader_stop(t);
-    for (int i = 0; t->pinned && i < t->n_pinned; i++) free(t->pinned[i].buf);
+    for (int i = 0; t->pinned && i < t->n_pinned; i++) weight_mem_free(t->pinned[i].buf);
     free(t->checked);
-    for (int s = 0; t->slots && s < t->n_slots; s++) free(t->slots[s].buf);
+    for (int s = 0; t->slots && s < t->n_slots; s++) weight_mem_free(t->slots[s].buf);
     if (t->direct_fd)
         for (int s = 0; s < t->m->ck.n_shards; s++)
             if (t->direct_fd[s] >= 0) close(t->direct_fd[s]);

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "workers/expert_cache.h"
 #include "common/layer_schema.h"
+#include "common/weight_mem.h"
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -95,7 +96,7 @@ expert_cache *expert_cache_create(const expert_store *st, checkpoint *ck, uint64
     c->in_request = calloc((size_t)st->n_experts + 1, 1);
     c->arena_bytes = c->n_slots * sb;
     if (node >= 0 && numa_available() >= 0) c->arena = numa_alloc_onnode(c->arena_bytes, node);
-    else if (posix_memalign((void **)&c->arena, IO_ALIGN, c->arena_bytes) != 0) c->arena = NULL;
+    else c->arena = weight_mem_alloc(c->arena_bytes); /* 2 MiB aligned, huge pages */
     if (!c->slots || !c->direct_fd || !c->arena || !c->keys || !c->in_request) {
         k3_fail(err, "cannot allocate an expert cache of %zu slots (%llu bytes)", c->n_slots, (unsigned long long)c->arena_bytes);
         expert_cache_free(c);
@@ -113,7 +114,7 @@ void expert_cache_free(expert_cache *c) {
             if (c->direct_fd[s] >= 0) close(c->direct_fd[s]);
     if (c->arena) {
         if (c->node >= 0 && numa_available() >= 0) numa_free(c->arena, c->arena_bytes);
-        else free(c->arena);
+        else weight_mem_free(c->arena);
     }
     free(c->slots);
     free(c->direct_fd);

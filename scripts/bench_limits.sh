@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# scripts/bench_limits.sh - the engine against this machine's ceilings, in one run
+# (`make bench-limits`). Prints a markdown report on stdout (progress on stderr):
+#   ceilings   read bandwidth (all threads, 1..8 independent streams per thread),
+#              double FMA peak (12 independent FMA chains per thread), both measured
+#              before and after the engine runs (the higher value is the ceiling);
+#              device O_DIRECT sequential read rate (fio, QD 32, 4 MiB, on a shard);
+#   engine     on the real-width model (K3 widths, `make bench-model`): resident decode
+#              at 1 and all threads against its roofline, prefill (72- vs 8-token
+#              prompt) against the FMA peak, a streamed run (--mem-gb 7) against fio,
+#              time to first token split into load_s and prefill_s.
+# Every engine run holds $BENCH_LOCK (one process may hold the model in memory).
+# Environment: MODEL (default models-big/rw6, else /work/models-big/rw6), K3 (bin/k3),
+# BASE_K3 (optional: an older bin/k3 run with the same commands, for a before/after
+# column), BENCH_LOCK (default /work/bench.lock if /work exists, else /tmp/k3-bench.lock),
+# GEN (tokens generated, default 8), STREAM_GB (default 7).
+set -eu
+cd "$(dirname "$0")/.."
+K3=${K3:-bin/k3}
+GEN=${GEN:-8}
+STREAM_GB=${STREAM_GB:-7}
+if [ -z "${MODEL:-}" ]; then
+  if [ -f models-big/rw6/config.json ]; then MODEL=models-big/rw6; else MODEL=/work/models-big/rw6; fi
+fi
+if [ -z "${BENCH_LOCK:-}" ]; then
+  if [ -d /work ]; then BENCH_LOCK=/work/bench.lock; else BENCH_LOCK=/tmp/k3-bench.lock; fi
+fi
+[ -f "$MODEL/config.json" ] || { echo "bench_limits: no model at $MODEL (make bench-model)" >&2; exit 2; }
+[ -x "$K3" ] && [ -x bin/bench_kernels ] || make -s bin/k3 bin/bench_kernels
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
+NT=$(nproc)
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+log() { echo "bench_limits: $*" >&2; }
+
+load0=$(cut -d' ' -f1-3 /proc/loadavg)
+log "ceilings (before)"
+bin/bench_kernels --ceilings > "$out/ceil0.txt"
+
+shard=$(ls -S "$MODEL"/*.safetensors | head -n1)
+fio_gbs=0
+if command -v fio > /dev/null; then
+  log "fio O_DIRECT read of $shard"
+  if fio --name=rd --filename="$shard" --readonly --rw=read --bs=4M --direct=1 --ioengine=libaio --iodepth=32 \
+       --size=2G --output-format=json > "$out/fio.json" 2> "$out/fio.err"; then
+    fio_gbs=$(/usr/bin/python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("%.3f" % (j["jobs"][0]["read"]["bw_bytes"]/1e9))' "$out/fio.json")
+  else
+    log "fio failed: $(head -c 300 "$out/fio.err")"
+  fi
+fi
+
+ids8=163584,1000,2000,3000,4000,5000,6000,7000
+ids72=$ids8
+for i in $(seq 1 64); do ids72="$ids72,$((10000 + 37 * i))"; done
+
+# run NAME BIN ARGS...: one engine run under the lock, --json into $out/NAME.json
+run() {
+  local name=$1 bin=$2
+  shift 2
+  log "run $name: $bin $MODEL $*"
+  flock "$BENCH_LOCK" "$bin" "$MODEL" "$@" --json "$out/$name.json" > "$out/$name.ids" 2> "$out/$name.err" ||
+    { log "run $name failed: $(tail -n 3 "$out/$name.err")"; rm -f "$out/$name.json"; }
+}
+for who in new ${BASE_K3:+base}; do
+  bin=$K3
+  [ "$who" = base ] && bin=$BASE_K3
+  run "$who-dec$NT" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --preset max
+  [ "$NT" -gt 1 ] && run "$who-dec1" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads 1 --preset max
+  run "$who-pre72" "$bin" --ids "$ids72" --gen 1 --workers 0 --threads "$NT" --preset max
+  run "$who-stream" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --mem-gb "$STREAM_GB"
+done
+
+log "ceilings (after)"
+bin/bench_kernels --ceilings > "$out/ceil1.txt"
+load1=$(cut -d' ' -f1-3 /proc/loadavg)
+
+/usr/bin/python3 - "$out" "$MODEL" "$NT" "$fio_gbs" "$load0" "$load1" "$GEN" "$STREAM_GB" "${BASE_K3:-}" "$K3" << 'EOF'
+import json, os, struct, sys, platform, subprocess
+out, model, nt, fio_gbs, load0, load1, gen, stream_gb, base_k3, k3 = sys.argv[1:]
+nt, fio_gbs, gen = int(nt), float(fio_gbs), int(gen)
+
+def ceil(path):
+    d = {}
+    for line in open(path):
+        f = line.split()
+        d[(f[0], int(f[1].split("=")[1]))] = float(f[2])
+    return d
+c0, c1 = ceil(f"{out}/ceil0.txt"), ceil(f"{out}/ceil1.txt")
+cl = {k: max(c0[k], c1.get(k, 0)) for k in c0}
+
+# bytes and multiply-adds of one token, from the checkpoint's own headers
+bf16_trunk = bf16_lm = 0
+for fn in sorted(os.listdir(model)):
+    if not fn.endswith(".safetensors"):
+        continue
+    with open(os.path.join(model, fn), "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        hdr = json.loads(f.read(n))
+    for name, t in hdr.items():
+        if name == "__metadata__" or t["dtype"] != "BF16" or "experts." in name or "embed_tokens" in name:
+            continue
+        nb = t["data_offsets"][1] - t["data_offsets"][0]
+        if len(t["shape"]) < 2:
+            continue  # norms and biases: negligible
+        if "lm_head" in name:
+            bf16_lm += nb
+        else:
+            bf16_trunk += nb
+cfg = json.load(open(os.path.join(model, "config.json")))
+tc = cfg.get("text_config", cfg)
+n_moe = tc["num_hidden_layers"] - tc.get("first_k_dense_replace", 0)
+L = tc.get("routed_expert_hidden_size", tc["hidden_size"])
+expert_macs = n_moe * tc["num_experts_per_token"] * 3 * tc["moe_intermediate_size"] * L
+dec_bytes = bf16_trunk + bf16_lm
+pre_flop = 2 * (bf16_trunk / 2 + expert_macs)  # per prompt token beyond the first chunk (no lm head)
+
+def load(name):
+    p = f"{out}/{name}.json"
+    return json.load(open(p)) if os.path.exists(p) else None
+
+def s_per_tok(j):
+    t = j["timing"]
+    return t["decode_s"] / t["decode_tokens"] if t["decode_tokens"] else float("nan")
+
+def roofline(threads):
+    return dec_bytes / (cl[("read_bw_gbs", threads)] * 1e9) + 2 * expert_macs / (cl[("fma_peak_gflops", threads)] * 1e9)
+
+model_name = subprocess.run(["sh", "-c", "lscpu | sed -n 's/^Model name:[[:space:]]*//p'"], capture_output=True, text=True).stdout.strip()
+print(f"Machine: {model_name}, {nt} threads, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, "
+      f"Linux {platform.release()}. Load average before {load0}, after {load1}.")
+print(f"Model: `{model}` ({bf16_trunk/1e9:.2f} GB trunk + {bf16_lm/1e9:.2f} GB lm head bf16 read per decode token, "
+      f"{expert_macs/1e9:.2f} G exact MXFP4 multiply-adds per token; prefill {pre_flop/1e9:.2f} GFLOP per prompt token).")
+print(f"Command: `make bench-limits` (scripts/bench_limits.sh; K3={k3}{', BASE_K3=' + base_k3 if base_k3 else ''}).\n")
+print("| ceiling | 1 thread | %d threads |" % nt)
+print("|---|---|---|")
+print("| read bandwidth GB/s (best of 1-8 streams per thread, before / after) | %.1f / %.1f | %.1f / %.1f |" % (
+    c0[("read_bw_gbs", 1)], c1.get(("read_bw_gbs", 1), 0), c0[("read_bw_gbs", nt)], c1.get(("read_bw_gbs", nt), 0)))
+print("| double FMA peak GFLOP/s (before / after) | %.1f / %.1f | %.1f / %.1f |" % (
+    c0[("fma_peak_gflops", 1)], c1.get(("fma_peak_gflops", 1), 0), c0[("fma_peak_gflops", nt)], c1.get(("fma_peak_gflops", nt), 0)))
+print("| device O_DIRECT read (fio, QD 32, 4 MiB) GB/s | %.2f | |\n" % fio_gbs)
+
+rows = []
+for who in ["new"] + (["base"] if base_k3 else []):
+    label = "k3 (this tree)" if who == "new" else "k3 before (BASE_K3)"
+    for th in ([nt, 1] if nt > 1 else [1]):
+        j = load(f"{who}-dec{th}")
+        if not j:
+            continue
+        s = s_per_tok(j)
+        rf = roofline(th)
+        rows.append((label, f"resident decode, {th} thread(s), s/token", f"{s:.3f}",
+                     f"roofline {rf:.3f} s", f"{100 * rf / s:.0f} %", " ".join(map(str, j["generated_ids"]))))
+        if th == nt:
+            t = j["timing"]
+            pb = j["memory"]["trunk_pinned_bytes"]
+            lr = pb / t["load_s"] / 1e9 if t["load_s"] > 0 else 0
+            rows.append((label, "time to first token (8-id prompt): load_s + prefill_s", f"{t['load_s']:.1f} + {t['prefill_s']:.1f} s",
+                         f"trunk in at {lr:.2f} GB/s vs fio {fio_gbs:.2f}", f"{100 * lr / fio_gbs:.0f} %" if fio_gbs else "-", ""))
+    j72, j8 = load(f"{who}-pre72"), load(f"{who}-dec{nt}")
+    if j72 and j8:
+        extra = (j72["timing"]["prefill_s"] - j8["timing"]["prefill_s"]) / 64
+        g = pre_flop / extra / 1e9 if extra > 0 else float("nan")
+        rows.append((label, f"prefill, s per prompt token (72 vs 8 ids), {nt} threads", f"{extra:.3f}",
+                     f"{g:.1f} GFLOP/s vs peak {cl[('fma_peak_gflops', nt)]:.1f}", f"{100 * g / cl[('fma_peak_gflops', nt)]:.0f} %", ""))
+    js = load(f"{who}-stream")
+    if js:
+        s = s_per_tok(js)
+        m = js["memory"]
+        rd = m["trunk_bytes_streamed"] + m["expert_bytes_read"]
+        tot = js["timing"]["prefill_s"] + js["timing"]["decode_s"]
+        rate = rd / tot / 1e9 if tot > 0 else 0
+        rows.append((label, f"streamed --mem-gb {stream_gb}, s/token (peak RSS {m['peak_rss_total_bytes']/2**30:.2f} GiB)", f"{s:.3f}",
+                     f"reads {rate:.2f} GB/s vs fio {fio_gbs:.2f}", f"{100 * rate / fio_gbs:.0f} %" if fio_gbs else "-",
+                     " ".join(map(str, js["generated_ids"]))))
+print("| engine | run | measured | against | ratio | ids |")
+print("|---|---|---|---|---|---|")
+for r in rows:
+    print("| " + " | ".join(r) + " |")
+EOF

@@ -9,7 +9,8 @@
 #              at 1 and all threads against its roofline, prefill (72- vs 8-token
 #              prompt) against the FMA peak, a streamed run (--mem-gb 7) against fio,
 #              time to first token split into load_s and prefill_s.
-# Every engine run holds $BENCH_LOCK (one process may hold the model in memory).
+# The whole measurement holds $BENCH_LOCK (one process may hold the model in memory;
+# taken once, so that no other run lands between the ceilings and the engine runs).
 # Environment: MODEL (default models-big/rw6, else /work/models-big/rw6), K3 (bin/k3),
 # BASE_K3 (optional: an older bin/k3 run with the same commands, for a before/after
 # column), BENCH_LOCK (default /work/bench.lock if /work exists, else /tmp/k3-bench.lock),
@@ -33,6 +34,9 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 log() { echo "bench_limits: $*" >&2; }
 
+log "waiting for $BENCH_LOCK"
+exec 9>> "$BENCH_LOCK"
+flock 9
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
 log "ceilings (before)"
 bin/bench_kernels --ceilings > "$out/ceil0.txt"
@@ -53,12 +57,12 @@ ids8=163584,1000,2000,3000,4000,5000,6000,7000
 ids72=$ids8
 for i in $(seq 1 64); do ids72="$ids72,$((10000 + 37 * i))"; done
 
-# run NAME BIN ARGS...: one engine run under the lock, --json into $out/NAME.json
+# run NAME BIN ARGS...: one engine run (the lock is held), --json into $out/NAME.json
 run() {
   local name=$1 bin=$2
   shift 2
   log "run $name: $bin $MODEL $*"
-  flock "$BENCH_LOCK" "$bin" "$MODEL" "$@" --json "$out/$name.json" > "$out/$name.ids" 2> "$out/$name.err" ||
+  "$bin" "$MODEL" "$@" --json "$out/$name.json" > "$out/$name.ids" 2> "$out/$name.err" ||
     { log "run $name failed: $(tail -n 3 "$out/$name.err")"; rm -f "$out/$name.json"; }
 }
 for who in new ${BASE_K3:+base}; do
@@ -73,6 +77,7 @@ done
 log "ceilings (after)"
 bin/bench_kernels --ceilings > "$out/ceil1.txt"
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
+flock -u 9
 
 /usr/bin/python3 - "$out" "$MODEL" "$NT" "$fio_gbs" "$load0" "$load1" "$GEN" "$STREAM_GB" "${BASE_K3:-}" "$K3" << 'EOF'
 import json, os, struct, sys, platform, subprocess

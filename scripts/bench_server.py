@@ -69,7 +69,7 @@ def main():
         extra = args[args.index("--") + 1:]
         args = args[:args.index("--")]
     model = args[0]
-    opts = {"--streams": "1,2,4,8", "--gen": "8", "--k3": "bin/k3", "--md": None}
+    opts = {"--streams": "1,2,4,8", "--gen": "8", "--k3": "bin/k3", "--md": None, "--reps": "1"}
     for i in range(1, len(args), 2):
         opts[args[i]] = args[i + 1]
     streams = [int(x) for x in opts["--streams"].split(",")]
@@ -94,21 +94,27 @@ def main():
     try:
         bw = dram_gbs()
         load = os.getloadavg()
+        one(url, -1, [1, 2, 3, 4], gen, [])  # warm-up (first reads, page faults), not counted
         for n in streams:
-            prompts = [[163584] + [1000 * (k + 1) + 37 * j for j in range(7)] for k in range(n)]
+            prompts = [[1 + (100 * (k + 1) + 37 * j) % 500 for j in range(8)] for k in range(n)]  # in any vocab
             b0 = metric(url, "k3_expert_bytes_read_total") + metric(url, "k3_trunk_bytes_streamed_total")
             s0, r0 = metric(url, "k3_steps_total"), metric(url, "k3_step_rows_total")
-            out = []
-            t0 = time.perf_counter()
-            th = [threading.Thread(target=one, args=(url, k, pr, gen, out)) for k, pr in enumerate(prompts)]
-            for t in th:
-                t.start()
-            for t in th:
-                t.join()
-            wall = time.perf_counter() - t0
+            wall = None
+            for _ in range(int(opts["--reps"])):  # the fastest repetition counts (a shared machine)
+                o_rep = []
+                t0 = time.perf_counter()
+                th = [threading.Thread(target=one, args=(url, k, pr, gen, o_rep)) for k, pr in enumerate(prompts)]
+                for t in th:
+                    t.start()
+                for t in th:
+                    t.join()
+                w = time.perf_counter() - t0
+                if wall is None or w < wall:
+                    wall, out = w, o_rep
             b1 = metric(url, "k3_expert_bytes_read_total") + metric(url, "k3_trunk_bytes_streamed_total")
             s1, r1 = metric(url, "k3_steps_total"), metric(url, "k3_step_rows_total")
             tok = sum(o["n"] for o in out)
+            reps = int(opts["--reps"])
             # the first prompt is the same at every N: its ids must not change with the batch
             ids0 = [o["ids"] for o in out if o["k"] == 0][0]
             if "ids" in alone and ids0 != alone["ids"]:
@@ -116,7 +122,7 @@ def main():
             alone["ids"] = ids0
             row = {"streams": n, "tokens": tok, "wall": wall, "tps": tok / wall,
                    "lat": sum(o["latency"] for o in out) / n, "ttft": sum(o["ttft"] or 0 for o in out) / n,
-                   "gib_per_tok": (b1 - b0) / tok / 2**30 if tok else 0, "rows_per_step": (r1 - r0) / max(1, s1 - s0)}
+                   "gib_per_tok": (b1 - b0) / (tok * reps) / 2**30 if tok else 0, "rows_per_step": (r1 - r0) / max(1, s1 - s0)}  # over all repetitions
             rows.append(row)
             print("bench_server: %d streams: %d tokens in %.1f s = %.3f tok/s, latency %.1f s, first token %.1f s, "
                   "%.3f GiB read/token, %.2f rows/step" % (n, tok, wall, row["tps"], row["lat"], row["ttft"],
@@ -127,7 +133,7 @@ def main():
     lines = ["", "Machine: %s, %d cores, load average %.1f %.1f %.1f at the start. Date: %s." % (
         platform.machine(), os.cpu_count(), load[0], load[1], load[2], time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())),
         "Ceiling measured in the same run: DRAM read %.1f GB/s (numpy sum over 1 GiB, best of 3)." % bw,
-        "Command: `scripts/bench_server.py %s --streams %s --gen %d -- %s`" % (model, opts["--streams"], gen, " ".join(extra)),
+        "Command: `scripts/bench_server.py %s --streams %s --gen %d --reps %s -- %s`" % (model, opts["--streams"], gen, opts["--reps"], " ".join(extra)),
         "", "| streams | generated tokens | wall s | aggregate tok/s | vs 1 stream | mean latency s | mean first token s "
         "| GiB read / token | sequences per forward step |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:

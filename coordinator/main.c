@@ -9,7 +9,7 @@
  *
  * Exit status: 0 success, 2 usage error or refused model/input, 1 failure at run time.
  * Results go to stdout (ids) or the --json file; progress and logs to stderr. */
-#define _GNU_SOURCE /* sched_getcpu */
+#define _GNU_SOURCE
 #include "common/kernels.h"
 #include "common/file_read.h"
 #include "common/proc_stats.h"
@@ -22,6 +22,7 @@
 #include "coordinator/draft.h"
 #include "coordinator/generate.h"
 #include "coordinator/outputs.h"
+#include "coordinator/numa_place.h"
 #include "coordinator/plan.h"
 #include "coordinator/snapshots.h"
 #include "coordinator/state_gen.h"
@@ -34,7 +35,6 @@
 #include <sched.h>
 #include <signal.h>
 #include <jansson.h>
-#include <numa.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -275,6 +275,9 @@ typedef struct {
     const tokenizer *tok;
     const mem_plan *plan;
     trunk *trunk;
+    const k3_topology *topo;
+    const numa_place *np;
+    uint64_t cache_bytes;        /* per server */
 } run_info;
 
 static json_t *memory_json(const run_info *ri, const expert_backend *eb) {
@@ -305,6 +308,40 @@ static json_t *memory_json(const run_info *ri, const expert_backend *eb) {
     json_object_set_new(j, "expert_hits", json_integer((json_int_t)hits));
     json_object_set_new(j, "expert_misses", json_integer((json_int_t)misses));
     json_object_set_new(j, "expert_bytes_read", json_integer((json_int_t)bytes));
+    return j;
+}
+
+/* The machine as this process may use it, and where everything goes (common/topology.h). */
+static int make_placement(const options *o, k3_topology *t, placement *pl) {
+    k3_error e = {0};
+    /* --mpi: experts live in other ranks, no local servers */
+    placement_request rq = {o->mpi ? 0 : (int)o->workers, (int)o->workers_per_node, (int)o->threads, (int)o->worker_threads, o->numa};
+    if (topology_read(NULL, t, &e) || placement_make(t, &rq, pl, &e)) {
+        fprintf(stderr, "k3: %s\n", e.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static json_t *placement_json(const run_info *ri) {
+    const placement *pl = ri->np->pl;
+    trunk_stats ts = trunk_get_stats(ri->trunk);
+    json_t *j = json_object(), *sv = json_array();
+    json_object_set_new(j, "bound", json_boolean(pl->bound));
+    json_object_set_new(j, "oversubscribed", json_boolean(pl->oversubscribed));
+    json_object_set_new(j, "coordinator", numa_place_coordinator_json(ri->np, ts.slot_bytes, ts.n_slots));
+    for (int i = 0; i < ri->n_workers; i++) {
+        worker_stats ws;
+        workers_pool_stats(ri->eb, i, &ws);
+        json_t *s = numa_place_server_json(pl, i);
+        json_object_set_new(s, "worker", json_integer(i));
+        json_object_set_new(s, "pid", json_integer(ws.pid));
+        json_object_set_new(s, "cache_budget_bytes", json_integer((json_int_t)ri->cache_bytes));
+        json_object_set_new(s, "cache_slots", json_integer(ws.cache_slots));
+        json_object_set_new(s, "restarts", json_integer(ws.restarts));
+        json_array_append_new(sv, s);
+    }
+    json_object_set_new(j, "servers", sv);
     return j;
 }
 
@@ -376,6 +413,8 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)ru.ru_maxrss * 1024));
         json_object_set_new(j, "n_workers", json_integer(ri->n_workers));
         if (ri->n_workers > 0) json_object_set_new(j, "workers", workers_json(ri->eb, ri->n_workers));
+        json_object_set_new(j, "topology", numa_place_topology_json(ri->topo));
+        json_object_set_new(j, "placement", placement_json(ri));
         json_object_set_new(j, "memory", memory_json(ri, ri->eb));
         int bad = json_dump_file(j, o->json_path, JSON_INDENT(1) | JSON_COMPACT);
         json_decref(j);
@@ -422,14 +461,8 @@ static int prompt_ids(const options *o, const tokenizer *tok, int32_t **ids, siz
     return EXIT_OK;
 }
 
-static int workers_wanted(const options *o) {
-    if (o->workers >= 0) return (int)o->workers;
-    int nodes = (o->numa && numa_available() >= 0) ? numa_num_configured_nodes() : 1;
-    return (nodes > 0 ? nodes : 1) * (int)o->workers_per_node;
-}
-
 static int start_backend(const options *o, k3_model *m, const kernels *k, int threads, int nw, uint64_t cache_bytes,
-                         expert_backend *eb, k3_error *err) {
+                         const placement *pl, expert_backend *eb, k3_error *err) {
     cache_policy pol = CACHE_POLICY_DEFAULT;
     if (o->cache_policy && cache_policy_parse(o->cache_policy, &pol)) return k3_fail(err, "unknown expert-cache policy");
     if (o->mpi) {
@@ -438,19 +471,11 @@ static int start_backend(const options *o, k3_model *m, const kernels *k, int th
         return experts_mpi_create(eb, m, &mo, err);
     }
     if (nw == 0) return experts_local_create(eb, m, k, cache_bytes, pol, err);
-    if (o->numa && numa_available() >= 0 && numa_num_configured_nodes() > 1) {
-        /* the coordinator's threads and memory stay on the node it started on */
-        int node = numa_node_of_cpu(sched_getcpu());
-        if (node >= 0 && numa_run_on_node(node) == 0) {
-            numa_set_preferred(node);
-            fprintf(stderr, "k3: coordinator bound to NUMA node %d\n", node);
-        }
-    }
     pool_options po = {0};
     char path[4096];
     if (workers_pool_default_path(path, sizeof path)) return k3_fail(err, "cannot locate k3-expertd");
     po.n_workers = nw;
-    po.numa = o->numa;
+    po.place = pl; /* node, cpus and threads of every server (the same after a restart) */
     po.threads = o->worker_threads ? (int)o->worker_threads : (threads / nw > 0 ? threads / nw : 1);
     po.timeout_ms = (int)o->timeout_ms;
     po.max_restarts = (int)o->max_restarts;
@@ -511,7 +536,13 @@ static int plan_only(const options *o) {
     if (budget_bytes(o, &budget)) return EXIT_USAGE;
     if (config_load(o->model_dir, &cfg, &err)) { fprintf(stderr, "k3: refusing model: %s\n", err.msg); return EXIT_USAGE; }
     mem_plan plan;
-    int rc = make_plan(o, &cfg, NULL, budget, workers_wanted(o), planned_context(o, 0), &plan, &err);
+    k3_topology topo;
+    placement pl;
+    if (make_placement(o, &topo, &pl)) { config_free(&cfg); return EXIT_USAGE; }
+    int n_servers = pl.n_servers;
+    placement_free(&pl);
+    topology_free(&topo);
+    int rc = make_plan(o, &cfg, NULL, budget, n_servers, planned_context(o, 0), &plan, &err);
     if (rc) fprintf(stderr, "k3: %s\n", err.msg);
     else plan_print(&plan, &cfg, stdout);
     plan_free(&plan);
@@ -576,8 +607,10 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
         fprintf(stderr, "k3: --simd %s is not supported by this CPU or build\n", names[o.simd]);
         return EXIT_USAGE;
     }
-    if (o.threads) omp_set_num_threads((int)o.threads);
-    run_info ri = {.threads = omp_get_max_threads()};
+    k3_topology topo = {0};
+    placement pl = {0};
+    numa_place np = {0};
+    run_info ri = {.topo = &topo, .np = &np};
     mem_plan plan = {0};
     trunk *tr = NULL;
     tokenizer *tok = NULL;
@@ -705,8 +738,15 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     n = total;
     uint64_t budget;
     status = EXIT_USAGE;
-    if (budget_bytes(&o, &budget)) goto done;
-    ri.n_workers = o.mpi ? 0 : workers_wanted(&o);
+    if (budget_bytes(&o, &budget) || make_placement(&o, &topo, &pl)) goto done;
+    numa_place_print_topology(&topo, &pl, stderr);
+    omp_set_num_threads(pl.coord_threads);
+    ri.threads = omp_get_max_threads();
+    if (numa_place_init(&np, &pl, &err) || numa_place_threads(&pl, &err)) {
+        fprintf(stderr, "k3: %s\n", err.msg);
+        goto done;
+    }
+    ri.n_workers = pl.n_servers; /* 0 with --mpi (make_placement) */
     ri.mpi = o.mpi;
     if (workers_pool_check(&m, ri.n_workers, o.cache_mb > 0 ? (uint64_t)(o.cache_mb * 1048576.0) + 1 : 0, &err)) {
         fprintf(stderr, "k3: %s\n", err.msg);
@@ -725,9 +765,14 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     plan_print(&plan, &m.cfg, stderr);
     status = EXIT_RUNTIME;
     trunk_config tc = {plan.n_pinned, plan.n_slots, plan.lm_chunk_rows};
-    if (!(tr = trunk_create(&m, &tc, &err))) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
+    if (!(tr = trunk_create_placed(&m, &tc, numa_place_rows, &np, &err))) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
     uint64_t cache_bytes = plan.expert_cache_per_worker; /* --expert-cache-mb is in the plan */
-    if (start_backend(&o, &m, k, ri.threads, ri.n_workers, cache_bytes, &eb, &err)) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
+    ri.cache_bytes = cache_bytes;
+    {
+        trunk_stats ts = trunk_get_stats(tr);
+        numa_place_print_coordinator(&np, ts.slot_bytes, ts.n_slots, stderr);
+    }
+    if (start_backend(&o, &m, k, ri.threads, ri.n_workers, cache_bytes, &pl, &eb, &err)) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
     ri.eb = &eb;
     ri.plan = &plan;
     ri.trunk = tr;
@@ -825,6 +870,9 @@ done:
     free(o.stop_ids);
     model_free(&m);
     tokenizer_free(tok);
+    numa_place_free(&np);
+    placement_free(&pl);
+    topology_free(&topo);
     return outputs_finish(status);
 }
 

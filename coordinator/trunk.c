@@ -39,6 +39,8 @@ struct trunk {
     uint64_t filled, consumed, released, bytes_streamed;
     int stop, reader_failed;
     k3_error reader_err;
+    trunk_place_fn place;     /* NUMA placement of each matrix's rows before it is read (NULL: none) */
+    void *place_ctx;
 };
 
 int trunk_walk_units(const k3_model *m, size_t lm_rows) {
@@ -133,6 +135,9 @@ static int read_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
         const trunk_unit *u = &m->units[i];
         for (int j = 0; j < u->n; j++) {
             uint64_t n = u->e[j]->t->end - u->e[j]->t->begin;
+            if (t->place && u->w[j]->rows) /* where the data will start: the O_DIRECT window keeps the offset in a page */
+                t->place(t->place_ctx, ub->buf + at + (t->direct_ok ? u->e[j]->t->begin % IO_ALIGN : 0), u->w[j]->rows,
+                            (size_t)(n / u->w[j]->rows), i >= t->n_pinned);
             if (read_region(t, u->e[j], 0, n, ub->buf + at, &ub->data[j], err)) return -1;
             if (check && check_finite(t, u->e[j], ub->data[j], n / st_dtype_size(u->e[j]->t->dtype), 0, err)) return -1;
             at += region_bytes(n);
@@ -142,6 +147,9 @@ static int read_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
     }
     size_t V = (size_t)m->cfg.vocab_size, r0 = (size_t)(i - m->n_units) * t->lm_rows;
     size_t rows = V - r0 < t->lm_rows ? V - r0 : t->lm_rows, row_bytes = (size_t)m->cfg.hidden_size * lm_elsize(m);
+    if (t->place)
+        t->place(t->place_ctx, ub->buf + (t->direct_ok ? (m->lm_head_entry->t->begin + r0 * row_bytes) % IO_ALIGN : 0), rows,
+                 row_bytes, i >= t->n_pinned);
     if (read_region(t, m->lm_head_entry, (uint64_t)r0 * row_bytes, (uint64_t)rows * row_bytes, ub->buf, &ub->data[0], err)) return -1;
     size_t E = (size_t)m->cfg.hidden_size;
     if (check && check_finite(t, m->lm_head_entry, ub->data[0], rows * E, r0 * E, err)) return -1;
@@ -205,10 +213,14 @@ static void reader_stop(trunk *t) {
 /* weight memory: 2 MiB aligned (a multiple of IO_ALIGN), transparent huge pages (weight_mem.h) */
 static uint8_t *alloc_aligned(uint64_t n) { return n > SIZE_MAX ? NULL : weight_mem_alloc((size_t)n); }
 
-trunk *trunk_create(k3_model *m, const trunk_config *tc, k3_error *err) {
+trunk *trunk_create(k3_model *m, const trunk_config *tc, k3_error *err) { return trunk_create_placed(m, tc, NULL, NULL, err); }
+
+trunk *trunk_create_placed(k3_model *m, const trunk_config *tc, trunk_place_fn place, void *place_ctx, k3_error *err) {
     trunk *t = calloc(1, sizeof *t);
     if (!t) { k3_fail(err, "out of memory"); return NULL; }
     t->m = m;
+    t->place = place;
+    t->place_ctx = place_ctx;
     t->lm_rows = tc->lm_chunk_rows ? tc->lm_chunk_rows : (size_t)m->cfg.vocab_size;
     t->n_layer_units = m->n_units;
     t->n_walk = trunk_walk_units(m, t->lm_rows);

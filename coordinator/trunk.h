@@ -25,6 +25,10 @@ typedef struct {
     size_t lm_chunk_rows;    /* rows of the lm head per chunk */
 } trunk_config;
 
+/* NUMA (coordinator/numa_place.h): called before a matrix of `rows` rows is read
+ * into a buffer at data (refill: a streaming slot's pages were used before). */
+typedef void (*trunk_place_fn)(void *ctx, uint8_t *data, size_t rows, size_t row_bytes, int refill);
+
 /* Bytes of one streaming slot for the given lm chunk size (max over units). */
 uint64_t trunk_slot_bytes(const k3_model *m, size_t lm_chunk_rows);
 /* Number of walk units (layer parts + lm chunks) for an lm chunk size. */
@@ -33,6 +37,8 @@ int trunk_walk_units(const k3_model *m, size_t lm_chunk_rows);
 uint64_t trunk_walk_unit_bytes(const k3_model *m, size_t lm_chunk_rows, int i);
 
 trunk *trunk_create(k3_model *m, const trunk_config *tc, k3_error *err);
+/* trunk_create, with place() called before every read of a matrix (NULL: none). */
+trunk *trunk_create_placed(k3_model *m, const trunk_config *tc, trunk_place_fn place, void *place_ctx, k3_error *err);
 void trunk_free(trunk *t);
 
 /* One pass over the walk (one forward call). Layer code gets each matrix from the

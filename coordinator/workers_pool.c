@@ -8,8 +8,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
-#include <numa.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,7 +34,8 @@ static void on_fatal_signal(int sig) {
 }
 
 typedef struct {
-    int idx, node, life, restarts, cache_slots, direct_io;
+    int idx, node, threads, life, restarts, cache_slots, direct_io;
+    cpu_set_t *cpus;          /* its placement's cpus (NULL: not bound), set in the child before exec */
     pid_t pid;
     int ctl_fd;
     ring rg;
@@ -113,6 +114,8 @@ static int spawn(pool *p, worker *w, k3_error *err) {
          * the minimum is 5, not a high number, so a low `ulimit -n` still works */
         int c = fcntl(sv[1], F_DUPFD_CLOEXEC, 5), r = fcntl(w->rg.fd, F_DUPFD_CLOEXEC, 5);
         if (c < 0 || r < 0 || dup2(c, 3) != 3 || dup2(r, 4) != 4) _exit(127);
+        /* its node's cpus, the same in every life; k3-expertd keeps them (and prefers its node's memory) */
+        if (w->cpus && sched_setaffinity(0, CPU_ALLOC_SIZE(TOPO_MAX_CPUS), w->cpus) != 0) _exit(126);
         /* The coordinator waits while a worker computes and the other way round:
          * idle OpenMP threads must sleep, not spin, or they steal the cores. */
         if (!getenv("OMP_WAIT_POLICY")) setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
@@ -129,7 +132,7 @@ static int spawn(pool *p, worker *w, k3_error *err) {
     h.worker = w->idx;
     h.n_workers = p->n;
     h.cache_bytes = p->o.cache_bytes;
-    h.threads = p->o.threads;
+    h.threads = w->threads;
     h.node = w->node;
     h.n_slots = RING_SLOTS;
     h.hdr_cap = p->hdr_cap;
@@ -320,6 +323,7 @@ static int pool_run(expert_backend *b, int layer, const float *zlat, size_t ntok
 }
 
 static void free_worker(worker *w) {
+    if (w->cpus) CPU_FREE(w->cpus);
     free(w->ptok); free(w->pexp); free(w->tok_map); free(w->pair_index); free(w->z);
 }
 
@@ -395,12 +399,21 @@ int workers_pool_create(expert_backend *b, k3_model *m, const pool_options *o, k
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
-    int nodes = (o->numa && numa_available() >= 0) ? numa_num_configured_nodes() : 1;
+    const placement *pl = o->place;
+    if (pl && pl->n_servers != p->n) { pool_destroy(b); return k3_fail(err, "placement has %d servers, pool %d", pl->n_servers, p->n); }
     for (int i = 0; i < p->n; i++) {
         worker *w = &p->w[i];
         w->idx = i;
         w->ctl_fd = -1;
-        w->node = nodes > 1 ? i % nodes : -1;
+        w->node = pl && pl->bound ? pl->server[i].node : -1;
+        w->threads = pl ? pl->server[i].threads : o->threads;
+        if (pl && pl->bound) {
+            size_t sz = CPU_ALLOC_SIZE(TOPO_MAX_CPUS);
+            if (!(w->cpus = CPU_ALLOC(TOPO_MAX_CPUS))) { pool_destroy(b); return k3_fail(err, "out of memory"); }
+            CPU_ZERO_S(sz, w->cpus);
+            for (int c = 0; c < TOPO_MAX_CPUS; c++)
+                if (topo_cpuset_has(&pl->server[i].cpus, c)) CPU_SET_S(c, sz, w->cpus);
+        }
         w->ptok = malloc(p->max_pairs * sizeof *w->ptok);
         w->pexp = malloc(p->max_pairs * sizeof *w->pexp);
         w->pair_index = malloc(p->max_pairs * sizeof *w->pair_index);
@@ -411,11 +424,15 @@ int workers_pool_create(expert_backend *b, k3_model *m, const pool_options *o, k
             pool_destroy(b);
             return -1;
         }
-        char place[64];
-        if (w->node >= 0) snprintf(place, sizeof place, "bound to NUMA node %d", w->node);
-        else snprintf(place, sizeof place, "%s", o->numa ? "one NUMA node: no binding" : "no NUMA binding (--numa off)");
-        fprintf(stderr, "k3: worker %d pid %d, %s, %d cache slots, %s reads\n", i, (int)w->pid, place, w->cache_slots,
-                w->direct_io ? "O_DIRECT" : "buffered");
+        char place[200], list[96];
+        if (w->node >= 0)
+            snprintf(place, sizeof place, "node %d cpus %s, %d threads, %d cache slots (budget %.1f MiB) on node %d", w->node,
+                     topo_cpuset_format(&pl->server[i].cpus, list, sizeof list), w->threads, w->cache_slots,
+                     o->cache_bytes / 1048576.0, w->node);
+        else
+            snprintf(place, sizeof place, "not bound, %d threads, %d cache slots (budget %.1f MiB)", w->threads, w->cache_slots,
+                     o->cache_bytes / 1048576.0);
+        fprintf(stderr, "k3: worker %d pid %d, %s, %s reads\n", i, (int)w->pid, place, w->direct_io ? "O_DIRECT" : "buffered");
     }
     return 0;
 }

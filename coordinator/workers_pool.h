@@ -16,13 +16,15 @@
 
 #include "coordinator/expert_backend.h"
 #include "coordinator/model.h"
+#include "common/topology.h"
 #include <stdint.h>
 
 typedef struct {
     int n_workers;
-    int numa;                  /* 1: bind worker i to node i % nodes; 0: no binding */
+    const placement *place;    /* server i runs on place->server[i] (node, cpus, threads) when
+                                * place->bound, also after a restart; NULL or unbound: no binding */
     uint64_t cache_bytes;      /* per worker */
-    int threads;               /* per worker */
+    int threads;               /* per worker when place is NULL */
     int timeout_ms;            /* no-progress timeout */
     int max_restarts;          /* per worker */
     size_t max_tokens;         /* largest chunk the coordinator will send */

@@ -3,7 +3,8 @@
  *   k3-expertd --control-fd N --ring-fd M
  *
  * 1. receives the msgpack hello on the control socket (model dir, ownership,
- *    cache budget, threads, NUMA node, ring geometry), binds itself to its node,
+ *    cache budget, threads, NUMA node, ring geometry), prefers its node's memory
+ *    (its cpus were set by the coordinator before exec),
  *    opens only the shards that hold its experts, validates them, maps the ring
  *    and answers ready (or a refusal that says why);
  * 2. serves requests from the ring until told to shut down or its parent dies:
@@ -11,11 +12,12 @@
  *    write the outputs and a checksum to the response slot, publish.
  * It holds no sequence state: killing it loses nothing but cache contents.
  * Fault injection for tests: K3_FAULT="kind:after[:worker[:lives]]" with kind in
- * crash|exit|hang|garbage|badsum|pause|scribble|semjunk makes worker `worker`
+ * crash|exit|hang|garbage|badsum|pause|scribble|semjunk|stop makes worker `worker`
  * (default 0) misbehave when serving request number `after`, in its first `lives`
  * lives (default 1): scribble writes garbage over the whole control page (magic,
  * geometry, semaphore words) and then answers normally; semjunk sets the response
- * semaphore to 2^32-1 without answering. Kinds noready (killed before it reports
+ * semaphore to 2^32-1 without answering; stop raises SIGSTOP (a test inspects the
+ * processes, then sends SIGCONT or SIGKILL). Kinds noready (killed before it reports
  * ready) and hangready (never reports ready) act at start-up (`after` ignored). */
 #define _GNU_SOURCE
 #include "common/config.h"
@@ -79,9 +81,9 @@ static int keep_tensor(const char *name, void *ctx) {
 
 static int setup(server *sv, int ring_fd, wire_ready *ready, k3_error *err) {
     wire_hello *h = &sv->hello;
-    if (h->node >= 0) {
+    if (h->node >= 0) { /* the coordinator set our cpus (its placement) before exec; memory: our node */
         if (numa_available() < 0) return k3_fail(err, "NUMA node %d requested but libnuma reports no NUMA support", h->node);
-        if (numa_run_on_node(h->node) != 0) return k3_fail(err, "cannot run on NUMA node %d: %s", h->node, strerror(errno));
+        if (h->node > numa_max_node()) return k3_fail(err, "NUMA node %d does not exist here", h->node);
         numa_set_preferred(h->node);
     }
     omp_set_num_threads(h->threads);
@@ -145,6 +147,7 @@ static int serve(server *sv, uint64_t seq, int32_t *ptok, int32_t *pexp, const f
     if (fault && !strcmp(fp->kind, "crash")) raise(SIGKILL);
     if (fault && !strcmp(fp->kind, "exit")) _exit(3);
     if (fault && !strcmp(fp->kind, "hang")) for (;;) pause();
+    if (fault && !strcmp(fp->kind, "stop")) raise(SIGSTOP);
     if (fault && !strcmp(fp->kind, "pause"))
         for (int i = 0; i < 30; i++) { usleep(100000); atomic_fetch_add(&ctl->heartbeat, 1); }
     if (ring_slot_lengths(rg, rs, seq, rg->req_cap, &hl, &pl, &err) ||

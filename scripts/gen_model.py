@@ -49,6 +49,13 @@ PRESETS = {
                    mla_H=3, q_lora=32, kv_lora=24, nope=16, rope=8, vdim=16,
                    I_dense=80, n_exp=10, topk=3, n_shared=2, I_moe=32, L_lat=64,
                    rsf=1.0, shards=2, merges=252, n_gen=24),
+    # Wider trunk matrices (hundreds of KiB to 2 MiB: many pages each), 3 layers: the NUMA
+    # guests' placement checks (tests/t_60_numa_guests.sh; generated there, not committed).
+    "numa": dict(E=512, layers=3, block=3, full=[3],
+                 kda_H=4, kda_D=64, conv_K=4, gate_lb=-5.0,
+                 mla_H=4, q_lora=128, kv_lora=64, nope=32, rope=16, vdim=32,
+                 I_dense=2048, n_exp=8, topk=2, n_shared=1, I_moe=64, L_lat=128,
+                 rsf=1.0, shards=2, merges=252, n_gen=0),
     # K3's real widths, few layers/experts: benchmarks only (not committed).
     "realwidth": dict(E=7168, layers=6, block=12, full=None,
                       kda_H=96, kda_D=128, conv_K=4, gate_lb=-5.0,

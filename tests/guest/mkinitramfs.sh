@@ -14,14 +14,15 @@ stage=$(mktemp -d "${TMPDIR:-/tmp}/k3initrd.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage"/{bin,proc,sys,dev,tmp,k3/bin,etc}
 cp "$BUSYBOX" "$stage/bin/busybox"
-cp bin/k3 bin/k3-expertd "$stage/k3/bin/"
-for lib in $(ldd bin/k3 bin/k3-expertd | awk '/=>/ && $3 ~ /^\// {print $3} /^\t\// {print $1}' | sort -u); do
+bindir=$(dirname "${K3_BIN:-bin/k3}")
+cp "$bindir/k3" "$bindir/k3-expertd" "$stage/k3/bin/"
+for lib in $(ldd "$bindir/k3" "$bindir/k3-expertd" | awk '/=>/ && $3 ~ /^\// {print $3} /^\t\// {print $1}' | sort -u); do
   mkdir -p "$stage$(dirname "$lib")"
   cp -L "$lib" "$stage$lib"
 done
 cp -r tests/models/m13 "$stage/k3/m13"
 cp "$script" "$stage/k3/guest.sh"
-for f in "$@"; do cp "$f" "$stage/k3/"; done
+for f in "$@"; do cp -r "$f" "$stage/k3/"; done
 cat > "$stage/init" <<'INIT'
 #!/bin/busybox sh
 /bin/busybox --install -s /bin

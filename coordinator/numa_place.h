@@ -7,6 +7,9 @@
  * pinned buffer or a streaming slot, puts each domain's rows of that matrix in
  * the domain's node (mbind MPOL_PREFERRED on the page range; a refilled slot's
  * old pages are dropped first so the read faults them in where they belong).
+ * The rows follow the one-token partition (blocks of K3_ROWBLOCK rows: decode, the
+ * bandwidth-bound case); the multi-token GEMM tiles rows by 3, which moves a node's
+ * boundary by a few rows (a few remote reads in prefill, which is compute-bound).
  * Nothing here changes what is computed: threads split rows only, and every
  * dot product keeps its fixed partition. With an unbound placement (one node,
  * --numa off) both do nothing. */

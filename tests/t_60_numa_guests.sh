@@ -49,7 +49,7 @@ boot() { # name smp-spec mem-per-node node-cpu-lists...
     i=$((i + 1)); total=$((total + mem))
   done
   local start=$(date +%s)
-  timeout 300 qemu-system-x86_64 -machine "q35,accel=$accel" -cpu max -smp "$smp" -m "${total}M" "${args[@]}" \
+  timeout 600 qemu-system-x86_64 -machine "q35,accel=$accel" -cpu max -smp "$smp" -m "${total}M" "${args[@]}" \
     -kernel "$kernel" -initrd "$T/initrd.gz" -append "console=ttyS0 quiet panic=-1 k3topo=$name" \
     -nographic -no-reboot -nodefaults -serial stdio < /dev/null > "$T/$name.log" 2>&1
   local rc=$?

@@ -31,9 +31,9 @@ anon_pages() {
 }
 pages_on() { anon_pages "$1" | awk -v n="$2" '$1 == n { s += $2 } END { print s + 0 }'; }
 pages_all() { anon_pages "$1" | awk '{ s += $2 } END { print s + 0 }'; }
-# the pid of a stopped k3-expertd other than $1 (waits up to ~120 s while $2 runs)
+# the pid of a stopped k3-expertd other than $1 (waits up to ~10 min while $2 runs)
 wait_stopped() {
-  for i in $(seq 1 1200); do
+  for i in $(seq 1 6000); do
     for s in /proc/[0-9]*/status; do
       grep -q '^Name:[[:space:]]*k3-expertd' "$s" 2>/dev/null || continue
       p=${s#/proc/}; p=${p%/status}

@@ -78,7 +78,7 @@ test:
 
 # Unit tests only (used by the sanitizer run).
 unit: $(UNIT_BINS)
-	@for t in $(UNIT_BINS); do echo "== $$t"; $$t || exit 1; done
+	@for t in $(UNIT_BINS); do echo "== $$t"; OMP_WAIT_POLICY=$${OMP_WAIT_POLICY:-PASSIVE} $$t || exit 1; done
 
 # ASan/UBSan build of everything in build-asan/, bin-asan/, then unit tests + a model gate.
 asan:

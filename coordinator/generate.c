@@ -130,6 +130,7 @@ int gen_step_batch(engine *en, gen_seq *const *g, size_t n, size_t chunk, gen_ev
     forward_seq fs[GEN_MAX_BATCH];
     size_t idx[GEN_MAX_BATCH], take[GEN_MAX_BATCH], nf = 0, budget = en->max_rows;
     if (n > GEN_MAX_BATCH) return k3_fail(err, "a batch of %zu sequences: at most %d", n, GEN_MAX_BATCH);
+    if (en->max_rows == 0) return k3_fail(err, "generate: the engine was not initialised (engine_init)");
     if (chunk == 0) chunk = 1;
     for (size_t i = 0; i < n; i++) {
         memset(&ev[i], 0, sizeof ev[i]);
@@ -185,6 +186,7 @@ int gen_step(engine *en, gen_seq *g, size_t chunk, gen_event *ev, k3_error *err)
 }
 
 int gen_feed(engine *en, gen_seq *g, size_t chunk, k3_error *err) {
+    if (en->max_rows == 0) return k3_fail(err, "feed: the engine was not initialised (engine_init)");
     if (g->full_recompute && !g->feeding && g->n > 0) seq_state_reset(&g->st, &en->model->cfg);
     /* feed all but nothing is picked: run steps while more than the last chunk is pending,
      * then the rest with its rows (if watched) */
@@ -217,6 +219,7 @@ int gen_feed(engine *en, gen_seq *g, size_t chunk, k3_error *err) {
 int feed_tokens(engine *en, seq_state *st, const int32_t *ids, size_t n, size_t chunk, size_t want_from, float *logits,
                 k3_error *err) {
     size_t V = (size_t)en->model->cfg.vocab_size;
+    if (en->max_rows == 0) return k3_fail(err, "feed: the engine was not initialised (engine_init)");
     if (chunk == 0) chunk = 1;
     if (chunk > en->max_rows) chunk = en->max_rows;
     for (size_t off = 0; off < n;) {

@@ -370,7 +370,18 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         json_t *j = json_object();
         json_object_set_new(j, "prompt_ids", ids_json(r->seq, r->n_prompt));
         json_object_set_new(j, "generated_ids", ids_json(r->seq + r->n_prompt, r->n_gen));
-        if (text) json_object_set_new(j, "generated_text", json_stringn_nocheck(text, text_len));
+        if (text) { /* JSON strings are UTF-8: ill-formed bytes become U+FFFD, as on stdout */
+            char *u = malloc(UTF8_STREAM_MAX_OUT(text_len));
+            if (u) {
+                utf8_stream us;
+                utf8_stream_init(&us, 1);
+                size_t m = utf8_stream_push(&us, text, text_len, u);
+                m += utf8_stream_flush(&us, u + m);
+                json_t *js = json_stringn(u, m);
+                if (js) json_object_set_new(j, "generated_text", js);
+                free(u);
+            }
+        }
         if (o->teacher_force) json_object_set_new(j, "tf_pred", ids_json(r->tf_pred, r->n_prompt));
         json_object_set_new(j, "logits_first_position", json_integer((json_int_t)r->first_pos));
         if (o->load_state) json_object_set_new(j, "state_loaded_ids", json_integer((json_int_t)r->n_loaded));

@@ -42,16 +42,33 @@ size_t k3_escape(char *dst, size_t cap, const char *src, size_t n) {
     return o;
 }
 
-int k3_fail(k3_error *e, const char *fmt, ...) {
+static void vset(k3_error *e, k3_errkind kind, const char *fmt, va_list ap) {
     if (e && !e->set) {
         char raw[sizeof e->msg];
-        va_list ap;
-        va_start(ap, fmt);
         int n = vsnprintf(raw, sizeof raw, fmt, ap);
-        va_end(ap);
         size_t len = n < 0 ? 0 : (size_t)n < sizeof raw ? (size_t)n : sizeof raw - 1;
         k3_escape(e->msg, sizeof e->msg, raw, len);
+        e->kind = kind;
         e->set = 1;
     }
+}
+
+#define K3_ERROR_FN(name, kind)                                                                           \
+    int name(k3_error *e, const char *fmt, ...) {                                                         \
+        va_list ap;                                                                                       \
+        va_start(ap, fmt);                                                                                \
+        vset(e, kind, fmt, ap);                                                                           \
+        va_end(ap);                                                                                       \
+        return -1;                                                                                        \
+    }
+K3_ERROR_FN(k3_fail, K3_EFAIL)
+K3_ERROR_FN(k3_refuse, K3_EINPUT)
+K3_ERROR_FN(k3_nomem, K3_ENOMEM)
+
+int k3_fail_as(k3_error *e, k3_errkind kind, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vset(e, kind, fmt, ap);
+    va_end(ap);
     return -1;
 }

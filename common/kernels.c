@@ -4,6 +4,7 @@
  * MXFP4 scale-byte check used when a checkpoint is validated. */
 #include "common/kernels.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,6 +157,13 @@ static inline void put_rows(float *y, size_t rows, size_t r0, size_t nr, size_t 
     memcpy(y + t * rows + r0, o, nr * sizeof *o);
 }
 
+/* A weight that breaks its invariant (refused at load, so only a programming error gets here):
+ * the output is NaN, which the sampler refuses ("non-finite logit"): no abort, no wrong number. */
+static void poison(const char *what, float *y, size_t n) {
+    fprintf(stderr, "k3: %s: the output is NaN\n", what);
+    for (size_t i = 0; i < n; i++) y[i] = NAN;
+}
+
 void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_t ntok, float *y) {
     const size_t rows = W->rows, cols = W->cols, nblk = (rows + K3_ROWBLOCK - 1) / K3_ROWBLOCK;
     const rowblock_fns rb = rowblock_for(k);
@@ -207,16 +215,19 @@ void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_
             }
         }
     } else {
-        fprintf(stderr, "k3: matmul_dense: unknown weight dtype %d\n", (int)W->dtype);
-        abort();
+        char what[64];
+        snprintf(what, sizeof what, "matmul_dense: unknown weight dtype %d", (int)W->dtype);
+        poison(what, y, rows * ntok);
     }
 }
 
 void matmul_mxfp4(const kernels *k, const mxfp4_weight *W, const float *x, size_t ntok, float *y) {
     const size_t rows = W->rows, cols = W->cols, nblk = (rows + K3_ROWBLOCK - 1) / K3_ROWBLOCK;
-    if (cols % 32 != 0) { /* refused at load time; reaching here is a programming error */
-        fprintf(stderr, "k3: matmul_mxfp4: cols %zu is not a multiple of 32\n", cols);
-        abort();
+    if (cols % 32 != 0) { /* refused at load time (config_parse: expert widths % 32) */
+        char what[80];
+        snprintf(what, sizeof what, "matmul_mxfp4: cols %zu is not a multiple of 32", cols);
+        poison(what, y, rows * ntok);
+        return;
     }
     const rowblock_fns rb = rowblock_for(k);
 #ifdef K3_HAVE_X86_KERNELS

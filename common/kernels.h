@@ -16,6 +16,9 @@
  *  - Threads (OpenMP) split rows only, never a single dot product.
  *  - MXFP4 scale byte 255 (NaN in OCP) is refused when a checkpoint is validated
  *    (mxfp4_check_scales); the kernels themselves never see it.
+ *  - No abort: an MXFP4 weight needs cols % 32 == 0 and a dense one a known dtype, both refused
+ *    at load (config_parse, the checkpoint / expert-store shape checks); a weight that still
+ *    breaks them makes the matmul write NaN (and say so on stderr), which the sampler refuses.
  */
 #ifndef K3_KERNELS_H
 #define K3_KERNELS_H

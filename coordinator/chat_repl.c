@@ -47,33 +47,31 @@ static double now_s(void) {
 }
 
 /* The system message (if any) as pending ids of an empty transcript. */
-static int queue_system(chat_session *s, char *err, size_t errlen) {
+static int queue_system(chat_session *s, k3_error *err) {
     s->sys_n = 0;
-    if (!s->system) return CHAT_OK;
-    int rc = chat_render_turn(s->tok, s->tmpl, "system", s->system, strlen(s->system), &s->transcript, err, errlen);
+    if (!s->system) return 0;
+    int rc = chat_render_turn(s->tok, s->tmpl, "system", s->system, strlen(s->system), &s->transcript, err);
     if (!rc) s->sys_n = s->transcript.n;
     return rc;
 }
 
 /* Snapshots: restore the longest stored prefix into an empty state; store the end of the system
  * message. Best effort: a failure to store is not an error of the turn. -1: engine failure. */
-static int snap_before_turn(chat_session *s, char *err, size_t errlen) {
+static int snap_before_turn(chat_session *s, k3_error *err) {
     k3_error kerr = {0};
     if (!s->opt.snaps) return 0;
     if (s->st.pos == 0) {
         long L = snap_lookup(s->opt.snaps, s->transcript.ids, s->transcript.n, s->transcript.n - 1, &s->st, &kerr);
         if (L < 0) {
             s->broken = 1;
-            snprintf(err, errlen, "%s", kerr.msg);
-            return -1;
+            return k3_fail_as(err, kerr.kind, "%s", kerr.msg);
         }
     }
     if (s->sys_n && s->st.pos < s->sys_n && s->sys_n < s->transcript.n) {
         size_t from = s->st.pos;
         if (feed_tokens(s->en, &s->st, s->transcript.ids + from, s->sys_n - from, s->opt.chunk, (size_t)-1, NULL, &kerr)) {
             s->broken = 1;
-            snprintf(err, errlen, "%s", kerr.msg);
-            return -1;
+            return k3_fail_as(err, kerr.kind, "%s", kerr.msg);
         }
         snap_insert(s->opt.snaps, s->transcript.ids, &s->st, &kerr);
     }
@@ -91,21 +89,20 @@ void chat_session_free(chat_session *s) {
     free(s);
 }
 
-int chat_session_create(chat_session **out, engine *en, const tokenizer *tok, const chat_options *opt, char *err,
-                        size_t errlen) {
+int chat_session_create(chat_session **out, engine *en, const tokenizer *tok, const chat_options *opt, k3_error *err) {
     *out = NULL;
     if (opt->max_tokens < 1) {
-        snprintf(err, errlen, "--max-tokens must be at least 1");
-        return CHAT_EINPUT;
+        k3_refuse(err, "--max-tokens must be at least 1");
+        return -1;
     }
     if (opt->chunk < 1) {
-        snprintf(err, errlen, "--chunk must be at least 1");
-        return CHAT_EINPUT;
+        k3_refuse(err, "--chunk must be at least 1");
+        return -1;
     }
     chat_session *s = calloc(1, sizeof *s);
     if (!s) {
-        snprintf(err, errlen, "out of memory for a chat session");
-        return CHAT_ENOMEM;
+        k3_nomem(err, "out of memory for a chat session");
+        return -1;
     }
     s->en = en;
     s->tok = tok;
@@ -113,61 +110,59 @@ int chat_session_create(chat_session **out, engine *en, const tokenizer *tok, co
     s->opt.stop_ids = NULL;
     s->opt.n_stop_ids = 0;
     s->V = (size_t)en->model->cfg.vocab_size;
-    int rc = chat_template_resolve(tok, opt->tmpl, &s->tmpl, err, errlen);
+    int rc = chat_template_resolve(tok, opt->tmpl, &s->tmpl, err);
     if (rc) goto fail;
     s->system = opt->system ? (opt->system[0] ? opt->system : NULL) : chat_default_system(s->tmpl);
-    if (sampler_init(&s->smp, &opt->sampling, err, errlen)) {
-        rc = CHAT_EINPUT;
+    if (sampler_init(&s->smp, &opt->sampling, err)) {
+        rc = -1;
         goto fail;
     }
-    if ((rc = chat_stop_ids(tok, s->tmpl, opt->stop_ids, opt->n_stop_ids, &s->stops, &s->n_stops, err, errlen)))
+    if ((rc = chat_stop_ids(tok, s->tmpl, opt->stop_ids, opt->n_stop_ids, &s->stops, &s->n_stops, err)))
         goto fail;
     s->end_id = chat_end_id(tok, s->tmpl);
     for (size_t i = 0; i < s->n_stops; i++)
         if ((size_t)s->stops[i] >= s->V) {
-            snprintf(err, errlen, "stop id %d is outside the model's vocabulary [0, %zu)", s->stops[i], s->V);
-            rc = CHAT_EINPUT;
+            k3_refuse(err, "stop id %d is outside the model's vocabulary [0, %zu)", s->stops[i], s->V);
+            rc = -1;
             goto fail;
         }
     /* every id the template uses must be one the model can read */
     chat_ids probe = {0};
-    if (!(rc = chat_render_turn(tok, s->tmpl, "user", "", 0, &probe, err, errlen)))
-        rc = chat_render_generation_prompt(tok, s->tmpl, opt->thinking, &probe, err, errlen);
+    if (!(rc = chat_render_turn(tok, s->tmpl, "user", "", 0, &probe, err)))
+        rc = chat_render_generation_prompt(tok, s->tmpl, opt->thinking, &probe, err);
     for (size_t i = 0; !rc && i < probe.n; i++)
         if ((size_t)probe.ids[i] >= s->V) {
-            snprintf(err, errlen, "the %s chat template uses id %d, outside the model's vocabulary [0, %zu)",
+            k3_refuse(err, "the %s chat template uses id %d, outside the model's vocabulary [0, %zu)",
                      chat_template_name(s->tmpl), probe.ids[i], s->V);
-            rc = CHAT_EINPUT;
+            rc = -1;
         }
     chat_ids_free(&probe);
     if (rc) goto fail;
     if (!(s->logits = malloc(s->V * sizeof *s->logits))) {
-        snprintf(err, errlen, "out of memory for a row of %zu logits", s->V);
-        rc = CHAT_ENOMEM;
+        k3_nomem(err, "out of memory for a row of %zu logits", s->V);
+        rc = -1;
         goto fail;
     }
-    k3_error kerr = {0};
-    if (seq_state_init(&s->st, &en->model->cfg, &kerr)) {
-        snprintf(err, errlen, "%s", kerr.msg);
+    if (seq_state_init(&s->st, &en->model->cfg, err)) {
         rc = -1;
         goto fail;
     }
     s->st_ok = 1;
     s->st.max_pos = opt->max_context; /* the MLA cache never grows past the plan */
-    if ((rc = queue_system(s, err, errlen))) goto fail;
+    if ((rc = queue_system(s, err))) goto fail;
     *out = s;
-    return CHAT_OK;
+    return 0;
 fail:
     chat_session_free(s);
     return rc;
 }
 
-int chat_session_reset(chat_session *s, char *err, size_t errlen) {
+int chat_session_reset(chat_session *s, k3_error *err) {
     seq_state_reset(&s->st, &s->en->model->cfg);
     s->transcript.n = 0;
     s->broken = 0;
     sampler_reset(&s->smp);
-    return queue_system(s, err, errlen);
+    return queue_system(s, err);
 }
 
 const int32_t *chat_session_transcript(const chat_session *s, size_t *n, size_t *n_fed) {
@@ -210,62 +205,53 @@ static int emit(chat_session *s, utf8_stream *us, int32_t id, FILE *out) {
 }
 
 /* Feeds the pending ids (transcript[st.pos ..]) and leaves the last position's logits in s->logits. */
-static int feed_pending(chat_session *s, char *err, size_t errlen) {
-    k3_error kerr = {0};
+static int feed_pending(chat_session *s, k3_error *err) {
     size_t from = s->st.pos, n = s->transcript.n - from;
-    if (feed_tokens(s->en, &s->st, s->transcript.ids + from, n, s->opt.chunk, s->transcript.n - 1, s->logits,
-                    &kerr)) {
+    if (feed_tokens(s->en, &s->st, s->transcript.ids + from, n, s->opt.chunk, s->transcript.n - 1, s->logits, err)) {
         s->broken = 1;
-        snprintf(err, errlen, "%s", kerr.msg);
         return -1;
     }
     return 0;
 }
 
-int chat_session_turn(chat_session *s, const char *text, size_t len, FILE *out, chat_turn_stats *stats, char *err,
-                      size_t errlen) {
+int chat_session_turn(chat_session *s, const char *text, size_t len, FILE *out, chat_turn_stats *stats, k3_error *err) {
     chat_turn_stats ts = {0};
     ts.stop_id = -1;
     if (stats) *stats = ts;
     if (s->broken) {
-        snprintf(err, errlen, "the conversation state was lost by an earlier failure; /reset to start over");
+        k3_fail(err, "the conversation state was lost by an earlier failure; /reset to start over");
         return -1;
     }
     size_t n0 = s->transcript.n;
-    int rc = chat_render_turn(s->tok, s->tmpl, "user", text, len, &s->transcript, err, errlen);
-    if (!rc) rc = chat_render_generation_prompt(s->tok, s->tmpl, s->opt.thinking, &s->transcript, err, errlen);
+    int rc = chat_render_turn(s->tok, s->tmpl, "user", text, len, &s->transcript, err);
+    if (!rc) rc = chat_render_generation_prompt(s->tok, s->tmpl, s->opt.thinking, &s->transcript, err);
     if (rc) {
         s->transcript.n = n0;
         return rc;
     }
     /* + 1: the id that closes a reply cut by the limit */
     if (s->opt.max_context && s->transcript.n + s->opt.max_tokens + 1 > s->opt.max_context) {
-        snprintf(err, errlen,
+        k3_refuse(err,
                  "context full: %zu positions used, this message needs %zu more plus up to %zu for the reply "
                  "(limit %zu); /reset to start over",
                  n0, s->transcript.n - n0, s->opt.max_tokens + 1, s->opt.max_context);
         s->transcript.n = n0;
-        return CHAT_EINPUT;
+        return -1;
     }
     double t0 = now_s();
-    if (snap_before_turn(s, err, errlen)) return -1;
+    if (snap_before_turn(s, err)) return -1;
     ts.n_fed = s->transcript.n - s->st.pos;
-    if (feed_pending(s, err, errlen)) return -1;
+    if (feed_pending(s, err)) return -1;
     ts.prefill_s = now_s() - t0;
     t0 = now_s();
     utf8_stream us;
     utf8_stream_init(&us, 1);
     for (;;) {
-        int32_t id = sampler_pick(&s->smp, s->logits, s->V);
-        if (id == SAMPLER_ENOMEM) {
-            snprintf(err, errlen, "out of memory in the sampler");
-            s->broken = 1;
-            return CHAT_ENOMEM;
-        }
+        k3_error pe = {0};
+        int32_t id = sampler_pick(&s->smp, s->logits, s->V, &pe);
         if (id < 0) {
-            snprintf(err, errlen, "non-finite logits at position %zu: refusing to emit a token", s->st.pos - 1);
             s->broken = 1;
-            return -1;
+            return k3_fail_as(err, pe.kind, "position %zu: %s: refusing to emit a token", s->st.pos - 1, pe.msg);
         }
         if (chat_ids_append(&s->transcript, &id, 1)) goto nomem;
         if (is_stop(s, id)) {
@@ -279,7 +265,7 @@ int chat_session_turn(chat_session *s, const char *text, size_t len, FILE *out, 
             if (chat_ids_append(&s->transcript, &s->end_id, 1)) goto nomem;
             break;
         }
-        if (feed_pending(s, err, errlen)) return -1;
+        if (feed_pending(s, err)) return -1;
     }
     if (out) {
         if (s->ocap < UTF8_STREAM_MAX_OUT(0)) {
@@ -299,11 +285,11 @@ int chat_session_turn(chat_session *s, const char *text, size_t len, FILE *out, 
         snap_insert(s->opt.snaps, s->transcript.ids, &s->st, &kerr); /* best effort */
     }
     if (stats) *stats = ts;
-    return CHAT_OK;
+    return 0;
 nomem:
-    snprintf(err, errlen, "out of memory during a reply");
+    k3_nomem(err, "out of memory during a reply");
     s->broken = 1;
-    return CHAT_ENOMEM;
+    return -1;
 }
 
 /* ---- the REPL ---- */
@@ -342,17 +328,17 @@ static void print_stats(const chat_session *s, const chat_turn_stats *ts, size_t
 }
 
 int chat_repl(engine *en, const tokenizer *tok, const chat_options *opt, FILE *in, FILE *out, FILE *log) {
-    char err[1024];
+    k3_error err = {0};
     chat_session *s = NULL;
-    int rc = chat_session_create(&s, en, tok, opt, err, sizeof err);
+    int rc = chat_session_create(&s, en, tok, opt, &err);
     if (rc) {
-        fprintf(log, "k3: %s\n", err);
-        return rc == CHAT_EINPUT ? 2 : 1;
+        fprintf(log, "k3: %s\n", err.msg);
+        return k3_exit_status(&err);
     }
-    if (opt->load_state && (rc = chat_session_load(s, opt->load_state, err, sizeof err))) {
-        fprintf(log, "k3: refusing the state file: %s\n", err);
+    if (opt->load_state && (rc = chat_session_load(s, opt->load_state, &err))) {
+        fprintf(log, "k3: refusing the state file: %s\n", err.msg);
         chat_session_free(s);
-        return rc == CHAT_EINPUT ? 2 : 1;
+        return k3_exit_status(&err);
     }
     int interactive = isatty(fileno(in));
     char desc[256];
@@ -394,17 +380,19 @@ int chat_repl(engine *en, const tokenizer *tok, const chat_options *opt, FILE *i
             size_t pb = b + 6;
             while (pb < e && (line[pb] == ' ' || line[pb] == '\t')) pb++;
             line[e] = 0;
-            rc = save ? chat_session_save(s, line + pb, err, sizeof err) : chat_session_load(s, line + pb, err, sizeof err);
+            k3_error_clear(&err);
+            rc = save ? chat_session_save(s, line + pb, &err) : chat_session_load(s, line + pb, &err);
             size_t nt, nf;
             chat_session_transcript(s, &nt, &nf);
-            if (rc) fprintf(log, "k3: %s\n", err);
+            if (rc) fprintf(log, "k3: %s\n", err.msg);
             else fprintf(log, "k3: %s %s (%zu ids, %zu fed)\n", save ? "saved to" : "loaded", line + pb, nt, nf);
             fflush(log);
             continue;
         }
         if (is_cmd(line, b, e, "/reset")) {
-            if (chat_session_reset(s, err, sizeof err)) {
-                fprintf(log, "k3: %s\n", err);
+            k3_error_clear(&err);
+            if (chat_session_reset(s, &err)) {
+                fprintf(log, "k3: %s\n", err.msg);
                 status = 1;
                 break;
             }
@@ -414,16 +402,17 @@ int chat_repl(engine *en, const tokenizer *tok, const chat_options *opt, FILE *i
             continue;
         }
         chat_turn_stats ts;
-        rc = chat_session_turn(s, line, len, out, &ts, err, sizeof err);
-        if (rc == CHAT_EINPUT) {
-            fprintf(log, "k3: %s (message ignored)\n", err);
+        k3_error_clear(&err);
+        rc = chat_session_turn(s, line, len, out, &ts, &err);
+        if (rc && err.kind == K3_EINPUT) { /* refused before anything was fed: the session is usable */
+            fprintf(log, "k3: %s (message ignored)\n", err.msg);
             fflush(log);
             continue;
         }
         fputc('\n', out);
         fflush(out);
         if (rc) {
-            fprintf(log, "k3: %s\n", err);
+            fprintf(log, "k3: %s\n", err.msg);
             status = 1;
             break;
         }
@@ -436,57 +425,57 @@ int chat_repl(engine *en, const tokenizer *tok, const chat_options *opt, FILE *i
 
 /* ---- state files ---- */
 
-int chat_session_save(chat_session *s, const char *path, char *err, size_t errlen) {
+int chat_session_save(chat_session *s, const char *path, k3_error *err) {
     if (!s->opt.fp) {
-        snprintf(err, errlen, "state files are not available here");
-        return CHAT_EINPUT;
+        k3_refuse(err, "state files are not available here");
+        return -1;
     }
     if (s->broken) {
-        snprintf(err, errlen, "the conversation state was lost by an earlier failure: nothing to save");
-        return CHAT_EINPUT;
+        k3_refuse(err, "the conversation state was lost by an earlier failure: nothing to save");
+        return -1;
     }
     state_run run = {.kind = STATE_KIND_CHAT, .thinking = s->opt.thinking, .tmpl = (int)s->tmpl,
                      .gen_target = s->opt.max_tokens, .sampling = s->smp.cfg, .rng = s->smp.rng,
                      .stop_ids = s->stops, .n_stop_ids = s->n_stops};
     k3_error kerr = {0};
     if (state_file_save(path, s->opt.fp, &s->en->model->cfg, s->transcript.ids, s->transcript.n, &s->st, &run, &kerr)) {
-        snprintf(err, errlen, "%s", kerr.msg);
+        k3_fail_as(err, kerr.kind, "%s", kerr.msg);
         return -1;
     }
-    return CHAT_OK;
+    return 0;
 }
 
-int chat_session_load(chat_session *s, const char *path, char *err, size_t errlen) {
+int chat_session_load(chat_session *s, const char *path, k3_error *err) {
     if (!s->opt.fp) {
-        snprintf(err, errlen, "state files are not available here");
-        return CHAT_EINPUT;
+        k3_refuse(err, "state files are not available here");
+        return -1;
     }
     const k3_config *c = &s->en->model->cfg;
     k3_error kerr = {0};
     seq_state st;
     if (seq_state_init(&st, c, &kerr)) {
-        snprintf(err, errlen, "%s", kerr.msg);
-        return CHAT_ENOMEM;
+        k3_nomem(err, "%s", kerr.msg);
+        return -1;
     }
     state_loaded ld;
     size_t maxp = s->opt.max_context ? s->opt.max_context : s->en->max_ctx;
     if (state_file_load(path, s->opt.fp, c, maxp, &st, &ld, &kerr)) {
         seq_state_free(&st);
-        snprintf(err, errlen, "%s", kerr.msg);
-        return CHAT_EINPUT;
+        k3_refuse(err, "%s", kerr.msg); /* a refused state file: exit 2, the session unchanged */
+        return -1;
     }
-    int rc = CHAT_OK;
+    int rc = 0;
     if (ld.run.kind == STATE_KIND_CHAT && ld.run.tmpl != (int)s->tmpl) {
-        snprintf(err, errlen, "%s was saved with the %s chat template; this session uses %s (--template)", path,
+        k3_refuse(err, "%s was saved with the %s chat template; this session uses %s (--template)", path,
                  chat_template_name((chat_template)ld.run.tmpl), chat_template_name(s->tmpl));
-        rc = CHAT_EINPUT;
+        rc = -1;
     } else {
         size_t n0 = s->transcript.n;
         s->transcript.n = 0;
         if (chat_ids_append(&s->transcript, ld.ids, ld.n_ids)) {
             s->transcript.n = n0;
-            snprintf(err, errlen, "out of memory for a transcript of %zu ids", ld.n_ids);
-            rc = CHAT_ENOMEM;
+            k3_nomem(err, "out of memory for a transcript of %zu ids", ld.n_ids);
+            rc = -1;
         } else {
             seq_state tmp = s->st;
             s->st = st;

@@ -18,10 +18,11 @@
  * - chat_session_reset: fresh state (seq_state_reset), transcript cleared, sampler re-seeded, the
  *   system message pending again. The same inputs then give the same replies.
  * - opt->max_context (0 = none): a turn whose ids plus max_tokens would pass it is refused
- *   (CHAT_EINPUT) before anything is fed.
- * - Return codes of chat_session_turn: 0; CHAT_EINPUT (bad input, e.g. invalid UTF-8, or context
- *   full: nothing was fed, the session is unchanged and usable); -1 (engine failure or non-finite
- *   logits: the state is undefined, stop using the session); CHAT_ENOMEM. err gets the message.
+ *   (K3_EINPUT) before anything is fed.
+ * - Errors (common/error.h): 0, or -1 with err filled. chat_session_turn: err->kind K3_EINPUT
+ *   (bad input, e.g. invalid UTF-8, or context full: nothing was fed, the session is unchanged and
+ *   usable); K3_EFAIL (engine failure or non-finite logits: the state is undefined, stop using the
+ *   session until chat_session_reset); K3_ENOMEM.
  * - Snapshots (opt->snaps): a turn that starts from an empty state restores the longest stored prefix
  *   of its ids (snapshots.h) and feeds only the rest; the state at the end of the system message and
  *   at the end of every turn is stored. Bits are unchanged (a snapshot is an exact copy).
@@ -72,15 +73,13 @@ typedef struct {
     size_t context;      /* transcript length after the turn */
 } chat_turn_stats;
 
-/* 0; CHAT_EINPUT for refused options (template, sampler settings, stop ids, max_tokens, chunk);
- * CHAT_ENOMEM; -1 if the sequence state cannot be made. The message goes to err. */
-int chat_session_create(chat_session **s, engine *en, const tokenizer *tok, const chat_options *opt, char *err,
-                        size_t errlen);
+/* 0, or -1: K3_EINPUT for refused options (template, sampler settings, stop ids, max_tokens,
+ * chunk); K3_ENOMEM; K3_EFAIL if the sequence state cannot be made. */
+int chat_session_create(chat_session **s, engine *en, const tokenizer *tok, const chat_options *opt, k3_error *err);
 void chat_session_free(chat_session *s);
-int chat_session_reset(chat_session *s, char *err, size_t errlen);
+int chat_session_reset(chat_session *s, k3_error *err);
 /* One user message and the reply; out may be NULL (nothing printed); stats may be NULL. */
-int chat_session_turn(chat_session *s, const char *text, size_t len, FILE *out, chat_turn_stats *stats, char *err,
-                      size_t errlen);
+int chat_session_turn(chat_session *s, const char *text, size_t len, FILE *out, chat_turn_stats *stats, k3_error *err);
 /* The transcript (fed and pending ids, in order) and how many of them are fed. */
 const int32_t *chat_session_transcript(const chat_session *s, size_t *n, size_t *n_fed);
 chat_template chat_session_template(const chat_session *s);
@@ -88,13 +87,13 @@ chat_template chat_session_template(const chat_session *s);
 const int32_t *chat_session_stop_ids(const chat_session *s, size_t *n);
 
 /* State files (state_file.h). save: the transcript (fed + pending), the state, the sampler and its
- * generator, template and thinking. load: the file is validated completely (refusal: CHAT_EINPUT,
+ * generator, template and thinking. load: the file is validated completely (refusal: K3_EINPUT,
  * the session unchanged); a chat state saved with another template is refused; the session then
  * continues that conversation: its transcript, state and generator (and its sampler settings when
  * this session's are the defaults) replace the session's. A later /reset starts this session's
  * own fresh conversation. */
-int chat_session_save(chat_session *s, const char *path, char *err, size_t errlen);
-int chat_session_load(chat_session *s, const char *path, char *err, size_t errlen);
+int chat_session_save(chat_session *s, const char *path, k3_error *err);
+int chat_session_load(chat_session *s, const char *path, k3_error *err);
 
 int chat_repl(engine *en, const tokenizer *tok, const chat_options *opt, FILE *in, FILE *out, FILE *log);
 

@@ -33,9 +33,7 @@ struct cli_flag {
 #define OFF(field) offsetof(options, field)
 
 static int set_sampling(options *o, const cli_flag *f, const char *arg, k3_error *err) {
-    char e[256];
-    if (sampler_parse_flag(&o->sampling, f->name, arg, e, sizeof e)) return k3_fail(err, "%s", e);
-    return 0;
+    return sampler_parse_flag(&o->sampling, f->name, arg, err);
 }
 
 static int add_stop_ids(options *o, const cli_flag *f, const char *arg, k3_error *err) {
@@ -43,7 +41,7 @@ static int add_stop_ids(options *o, const cli_flag *f, const char *arg, k3_error
     size_t n;
     if (parse_ids(arg, &ids, &n)) {
         free(ids);
-        return k3_fail(err, "--%s wants a token id (or a comma-separated list), got '%s'", f->name, arg);
+        return k3_refuse(err, "--%s wants a token id (or a comma-separated list), got '%s'", f->name, arg);
     }
     int32_t *all = realloc(o->stop_ids, (o->n_stop_ids + n) * sizeof *all);
     if (!all) { free(ids); return k3_fail(err, "out of memory"); }
@@ -56,27 +54,25 @@ static int add_stop_ids(options *o, const cli_flag *f, const char *arg, k3_error
 
 static int set_policy(options *o, const cli_flag *f, const char *arg, k3_error *err) {
     cache_policy pol;
-    if (cache_policy_parse(arg, &pol)) return k3_fail(err, "--%s wants lru|lfu|phit, got '%s'", f->name, arg);
+    if (cache_policy_parse(arg, &pol)) return k3_refuse(err, "--%s wants lru|lfu|phit, got '%s'", f->name, arg);
     o->cache_policy = arg;
     return 0;
 }
 
 static int set_template(options *o, const cli_flag *f, const char *arg, k3_error *err) {
     (void)f;
-    char e[256];
-    if (chat_template_parse(arg, &o->tmpl, e, sizeof e)) return k3_fail(err, "%s", e);
-    return 0;
+    return chat_template_parse(arg, &o->tmpl, err);
 }
 
 static int set_simd(options *o, const cli_flag *f, const char *arg, k3_error *err) {
-    if (simd_level_parse(arg, &o->simd)) return k3_fail(err, "--%s wants auto|scalar|avx2|avx512, got '%s'", f->name, arg);
+    if (simd_level_parse(arg, &o->simd)) return k3_refuse(err, "--%s wants auto|scalar|avx2|avx512, got '%s'", f->name, arg);
     return 0;
 }
 
 static int set_numa(options *o, const cli_flag *f, const char *arg, k3_error *err) {
     if (!strcmp(arg, "auto")) o->numa = 1;
     else if (!strcmp(arg, "off")) o->numa = 0;
-    else return k3_fail(err, "--%s wants auto|off, got '%s'", f->name, arg);
+    else return k3_refuse(err, "--%s wants auto|off, got '%s'", f->name, arg);
     return 0;
 }
 
@@ -277,14 +273,14 @@ static int apply(options *o, const cli_flag *f, const char *arg, k3_error *err) 
     case CLI_STR: *(const char **)(base + f->off) = arg; return 0;
     case CLI_LONG:
         if (parse_long(arg, (long)f->lo, (long)f->hi, (long *)(base + f->off)))
-            return k3_fail(err, "--%s wants an integer in [%ld, %ld], got '%s'", f->name, (long)f->lo, (long)f->hi, arg);
+            return k3_refuse(err, "--%s wants an integer in [%ld, %ld], got '%s'", f->name, (long)f->lo, (long)f->hi, arg);
         return 0;
     case CLI_DOUBLE: {
         char *end;
         errno = 0;
         double v = strtod(arg, &end);
         if (errno || end == arg || *end || !(v > f->lo && v < f->hi))
-            return k3_fail(err, "--%s wants a number in (%g, %g), got '%s'", f->name, f->lo, f->hi, arg);
+            return k3_refuse(err, "--%s wants a number in (%g, %g), got '%s'", f->name, f->lo, f->hi, arg);
         *(double *)(base + f->off) = v;
         return 0;
     }

@@ -26,8 +26,7 @@ int gen_seq_init(gen_seq *g, const k3_config *c, const sampler_config *sc, const
     memset(g, 0, sizeof *g);
     g->vocab = (size_t)c->vocab_size;
     g->cap = cap_ids;
-    char se[256];
-    if (sampler_init(&g->smp, sc, se, sizeof se)) return k3_fail(err, "%s", se);
+    if (sampler_init(&g->smp, sc, err)) return -1;
     if (seq_state_init(&g->st, c, err)) { sampler_free(&g->smp); return -1; }
     g->ids = malloc((cap_ids ? cap_ids : 1) * sizeof *g->ids);
     g->row = malloc(g->vocab * sizeof *g->row);
@@ -111,11 +110,11 @@ static void pick(gen_seq *g, gen_event *ev) {
         snprintf(ev->why, sizeof ev->why, "context full: %zu positions (--max-context)", g->cap);
         return;
     }
-    int32_t id = sampler_pick(&g->smp, g->row, g->vocab);
+    k3_error pe = {0};
+    int32_t id = sampler_pick(&g->smp, g->row, g->vocab, &pe);
     if (id < 0) {
         ev->status = -1;
-        if (id == SAMPLER_ENOMEM) snprintf(ev->why, sizeof ev->why, "out of memory in the sampler");
-        else snprintf(ev->why, sizeof ev->why, "non-finite logits at position %zu: refusing to emit a token", pos);
+        snprintf(ev->why, sizeof ev->why, "position %zu: %.90s; refusing to emit a token", pos, pe.msg);
         return;
     }
     g->ids[g->n++] = id;

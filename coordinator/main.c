@@ -361,8 +361,7 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
     char *text = NULL;
     size_t text_len = 0;
     if (ri->tok) {
-        char e[256];
-        if (tokenizer_decode(ri->tok, r->seq + r->n_prompt, r->n_gen, &text, &text_len, e, sizeof e) != TOK_OK) text = NULL;
+        if (tokenizer_decode(ri->tok, r->seq + r->n_prompt, r->n_gen, &text, &text_len, NULL)) text = NULL;
     }
     if (o->json_path) {
         struct rusage ru;
@@ -464,10 +463,10 @@ static int prompt_ids(const options *o, const tokenizer *tok, int32_t **ids, siz
     k3_error fe = {0};
     char *text = o->prompt ? strdup(o->prompt) : file_read_stream(o->prompt_file, (size_t)1 << 30, &len, &fe);
     if (!text) { fprintf(stderr, "k3: %s\n", fe.set ? fe.msg : "out of memory"); return EXIT_USAGE; }
-    char e[512];
-    int rc = tokenizer_encode(tok, text, len, 1, ids, n, e, sizeof e);
+    k3_error te = {0};
+    int rc = tokenizer_encode(tok, text, len, 1, ids, n, &te);
     free(text);
-    if (rc != TOK_OK) { fprintf(stderr, "k3: cannot encode the prompt: %s\n", e); return EXIT_USAGE; }
+    if (rc) { fprintf(stderr, "k3: cannot encode the prompt: %s\n", te.msg); return k3_exit_status(&te); }
     if (*n == 0) { fprintf(stderr, "k3: the prompt is empty\n"); return EXIT_USAGE; }
     return EXIT_OK;
 }
@@ -626,9 +625,9 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     trunk *tr = NULL;
     tokenizer *tok = NULL;
     if (o.prompt || o.prompt_file || o.tok_dir || o.chat || o.serve) {
-        char e[1024];
-        if (!(tok = tokenizer_load(o.tok_dir ? o.tok_dir : o.model_dir, e, sizeof e))) {
-            fprintf(stderr, "k3: cannot load the tokenizer: %s\n", e);
+        k3_error te = {0};
+        if (!(tok = tokenizer_load(o.tok_dir ? o.tok_dir : o.model_dir, &te))) {
+            fprintf(stderr, "k3: cannot load the tokenizer: %s\n", te.msg);
             return EXIT_USAGE;
         }
     }
@@ -722,9 +721,9 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
         }
         fprintf(stderr, "k3: loaded %s: %zu ids (%zu fed)\n", lpath, ld.n_ids, lst.pos);
         if (ps.text && !tok) { /* the saved run printed text: so does its continuation */
-            char e[1024];
-            if (!(tok = tokenizer_load(o.model_dir, e, sizeof e))) {
-                fprintf(stderr, "k3: cannot load the tokenizer: %s\n", e);
+            k3_error te = {0};
+            if (!(tok = tokenizer_load(o.model_dir, &te))) {
+                fprintf(stderr, "k3: cannot load the tokenizer: %s\n", te.msg);
                 goto done;
             }
             ri.tok = tok;

@@ -121,8 +121,8 @@ static int parse_common(const api_context *c, ectx *e, const json_t *o, api_requ
     r->sampling.top_k = k < 0 ? 0 : (int)k; /* -1 = off, as vLLM */
     if ((rc = get_int(e, o, "seed", INT64_MIN, INT64_MAX, &seed, NULL))) return rc;
     r->sampling.seed = (uint64_t)seed;
-    char se[256];
-    if (sampler_config_check(&r->sampling, se, sizeof se)) return refuse(e, "temperature", "%s", se);
+    k3_error se = {0};
+    if (sampler_config_check(&r->sampling, &se)) return refuse(e, "temperature", "%s", se.msg);
     if ((rc = get_bool(e, o, "stream", &r->stream))) return rc;
     if ((v = json_object_get(o, "stream_options")) && !json_is_null(v)) {
         if (!json_is_object(v)) return refuse(e, "stream_options", "stream_options must be an object");
@@ -236,10 +236,11 @@ static int parse_chat(const api_context *c, ectx *e, const json_t *o, api_reques
         }
         if (strcmp(ty, "text")) xo.response_format = ty;
     }
-    rc = xtml_render_chat(c->tok, c->tmpl, json_object_get(o, "messages"), &xo, &r->prompt, e->err, e->errlen, e->param,
-                          e->paramlen);
-    if (rc == CHAT_ENOMEM) return -2;
+    k3_error xe = {0};
+    rc = xtml_render_chat(c->tok, c->tmpl, json_object_get(o, "messages"), &xo, &r->prompt, &xe, e->param, e->paramlen);
+    if (rc && xe.kind == K3_ENOMEM) return -2;
     if (rc) {
+        snprintf(e->err, e->errlen, "%s", xe.msg);
         if (!e->param[0]) snprintf(e->param, e->paramlen, "messages");
         return -1;
     }
@@ -252,12 +253,12 @@ static int parse_prompt(const api_context *c, ectx *e, const json_t *o, api_requ
     if (json_is_string(p)) {
         int32_t *ids = NULL;
         size_t n = 0;
-        char te[256];
-        int rc = tokenizer_encode(c->tok, json_string_value(p), json_string_length(p), 1, &ids, &n, te, sizeof te);
-        if (rc == TOK_OK && chat_ids_append(&r->prompt, ids, n)) rc = TOK_ENOMEM;
+        k3_error te = {0};
+        int rc = tokenizer_encode(c->tok, json_string_value(p), json_string_length(p), 1, &ids, &n, &te);
+        int oom = rc ? te.kind == K3_ENOMEM : chat_ids_append(&r->prompt, ids, n) != 0;
         free(ids);
-        if (rc == TOK_ENOMEM) return -2;
-        if (rc) return refuse(e, "prompt", "prompt: %s", te);
+        if (oom) return -2;
+        if (rc) return refuse(e, "prompt", "prompt: %s", te.msg);
     } else if (json_is_array(p)) {
         size_t i;
         const json_t *v;
@@ -319,10 +320,10 @@ int api_parse(const api_context *c, int chat, const char *body, size_t len, api_
         goto out;
     }
     r->max_tokens = (g1 || g2) ? (size_t)mt : (c->default_max_tokens < room ? c->default_max_tokens : room);
-    char ce[256];
-    rc = chat_stop_ids(c->tok, c->tmpl, NULL, 0, &r->stop_ids, &r->n_stop_ids, ce, sizeof ce);
-    if (rc == CHAT_ENOMEM) rc = -2;
-    else if (rc) rc = refuse(&e, "", "%s", ce);
+    k3_error ce = {0};
+    rc = chat_stop_ids(c->tok, c->tmpl, NULL, 0, &r->stop_ids, &r->n_stop_ids, &ce);
+    if (rc && ce.kind == K3_ENOMEM) rc = -2;
+    else if (rc) rc = refuse(&e, "", "%s", ce.msg);
 out:
     json_decref(o);
     if (rc) api_request_free(r);

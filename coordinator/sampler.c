@@ -77,21 +77,21 @@ void sampler_config_default(sampler_config *c) {
     c->seed = 0;
 }
 
-int sampler_config_check(const sampler_config *c, char *err, size_t errlen) {
+int sampler_config_check(const sampler_config *c, k3_error *err) {
     if (!(isfinite(c->temperature) && c->temperature >= 0.0 && c->temperature <= 100.0)) {
-        snprintf(err, errlen, "temperature must be a number in [0, 100] (0 = greedy), got %g", c->temperature);
+        k3_refuse(err, "temperature must be a number in [0, 100] (0 = greedy), got %g", c->temperature);
         return -1;
     }
     if (c->top_k < 0) {
-        snprintf(err, errlen, "top-k must be >= 0 (0 = off), got %d", c->top_k);
+        k3_refuse(err, "top-k must be >= 0 (0 = off), got %d", c->top_k);
         return -1;
     }
     if (!(c->top_p > 0.0 && c->top_p <= 1.0)) {
-        snprintf(err, errlen, "top-p must be in (0, 1] (1 = off), got %g", c->top_p);
+        k3_refuse(err, "top-p must be in (0, 1] (1 = off), got %g", c->top_p);
         return -1;
     }
     if (!(c->min_p >= 0.0 && c->min_p <= 1.0)) {
-        snprintf(err, errlen, "min-p must be in [0, 1] (0 = off), got %g", c->min_p);
+        k3_refuse(err, "min-p must be in [0, 1] (0 = off), got %g", c->min_p);
         return -1;
     }
     return 0;
@@ -107,7 +107,7 @@ static int parse_double(const char *s, double *out) {
     return 0;
 }
 
-int sampler_parse_flag(sampler_config *c, const char *name, const char *value, char *err, size_t errlen) {
+int sampler_parse_flag(sampler_config *c, const char *name, const char *value, k3_error *err) {
     if (!strncmp(name, "--", 2)) name += 2;
     sampler_config t = *c;
     if (!strcmp(name, "temperature")) {
@@ -121,7 +121,7 @@ int sampler_parse_flag(sampler_config *c, const char *name, const char *value, c
         errno = 0;
         long v = value && *value ? strtol(value, &end, 10) : 0;
         if (!value || !*value || errno || *end || v < 0 || v > 2147483647L) {
-            snprintf(err, errlen, "--top-k wants an integer >= 0 (0 = off), got '%s'", value ? value : "");
+            k3_refuse(err, "--top-k wants an integer >= 0 (0 = off), got '%s'", value ? value : "");
             return -1;
         }
         t.top_k = (int)v;
@@ -133,17 +133,17 @@ int sampler_parse_flag(sampler_config *c, const char *name, const char *value, c
         if (errno || *end) goto bad_seed;
         t.seed = (uint64_t)v;
     } else {
-        snprintf(err, errlen, "unknown sampling setting '%s'", name);
+        k3_refuse(err, "unknown sampling setting '%s'", name);
         return -1;
     }
-    if (sampler_config_check(&t, err, errlen)) return -1;
+    if (sampler_config_check(&t, err)) return -1;
     *c = t;
     return 0;
 bad_number:
-    snprintf(err, errlen, "--%s wants a number, got '%s'", name, value ? value : "");
+    k3_refuse(err, "--%s wants a number, got '%s'", name, value ? value : "");
     return -1;
 bad_seed:
-    snprintf(err, errlen, "--seed wants an integer in [0, 18446744073709551615], got '%s'", value ? value : "");
+    k3_refuse(err, "--seed wants an integer in [0, 18446744073709551615], got '%s'", value ? value : "");
     return -1;
 }
 
@@ -161,9 +161,9 @@ void sampler_describe(const sampler_config *c, char *buf, size_t len) {
 
 /* ---- the sampler ---- */
 
-int sampler_init(sampler *s, const sampler_config *c, char *err, size_t errlen) {
+int sampler_init(sampler *s, const sampler_config *c, k3_error *err) {
     memset(s, 0, sizeof *s);
-    if (sampler_config_check(c, err, errlen)) return -1;
+    if (sampler_config_check(c, err)) return -1;
     s->cfg = *c;
     k3_rng_seed(&s->rng, c->seed);
     return 0;
@@ -242,14 +242,21 @@ static void sort_candidates(sampler *s, size_t m) {
     for (size_t i = 0; i < m; i++) s->cand[i] = s->tmp[a[i] & 0xFFFFFFFFu];
 }
 
-int sampler_filter(sampler *s, const float *logits, size_t n) {
+/* The failure of step 0, naming the first non-finite logit. */
+static int non_finite(const float *logits, size_t n, k3_error *err) {
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(logits[i])) return k3_fail(err, "non-finite logit %g at id %zu", (double)logits[i], i);
+    return k3_fail(err, "non-finite logits");
+}
+
+int sampler_filter(sampler *s, const float *logits, size_t n, k3_error *err) {
     s->n_kept = 0;
     s->wsum = 0.0;
-    if (n == 0 || n > (size_t)INT32_MAX) return SAMPLER_ENONFINITE;
+    if (n == 0 || n > (size_t)INT32_MAX) return k3_refuse(err, "sampler: %zu logits (want 1 .. 2^31-1)", n);
     if (sampler_is_greedy(s)) {
         int32_t id = argmax_logits(logits, n);
-        if (id < 0) return SAMPLER_ENONFINITE;
-        if (reserve(s, 1)) return SAMPLER_ENOMEM;
+        if (id < 0) return non_finite(logits, n, err);
+        if (reserve(s, 1)) return k3_nomem(err, "out of memory in the sampler");
         s->cand[0] = (sampler_cand){(double)logits[id], 1.0, id};
         s->n_kept = 1;
         s->wsum = 1.0;
@@ -258,10 +265,10 @@ int sampler_filter(sampler *s, const float *logits, size_t n) {
     /* step 0 and the largest logit */
     double x0 = -INFINITY;
     for (size_t i = 0; i < n; i++) {
-        if (!isfinite(logits[i])) return SAMPLER_ENONFINITE;
+        if (!isfinite(logits[i])) return non_finite(logits, n, err);
         if ((double)logits[i] > x0) x0 = (double)logits[i];
     }
-    if (reserve(s, n)) return SAMPLER_ENOMEM;
+    if (reserve(s, n)) return k3_nomem(err, "out of memory in the sampler for %zu candidates", n);
     const double T = s->cfg.temperature;
     /* weights (step 3's formula; a candidate's weight does not depend on the order); zero weights
      * are dropped: they sort after every positive one and can never be drawn */
@@ -304,9 +311,8 @@ int sampler_filter(sampler *s, const float *logits, size_t n) {
     return 0;
 }
 
-int32_t sampler_pick(sampler *s, const float *logits, size_t n) {
-    int rc = sampler_filter(s, logits, n);
-    if (rc) return rc;
+int32_t sampler_pick(sampler *s, const float *logits, size_t n, k3_error *err) {
+    if (sampler_filter(s, logits, n, err)) return -1;
     if (sampler_is_greedy(s)) return s->cand[0].id;
     double r = k3_rng_uniform(&s->rng) * s->wsum, run = 0.0;
     for (size_t j = 0; j < s->n_kept; j++) {

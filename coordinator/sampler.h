@@ -9,7 +9,7 @@
  * - Greedy (temperature == 0, the default): arg-max with the lowest id on ties, exactly
  *   argmax_logits (generate.h); top_k / top_p / min_p are ignored and the RNG is not touched.
  * - Sampling (temperature > 0). All arithmetic in IEEE-754 double; x_i = (double)logits[i].
- *   0. Any non-finite logit: return SAMPLER_ENONFINITE, the RNG is not advanced.
+ *   0. Any non-finite logit: fail (K3_EFAIL, naming the first one's id), the RNG is not advanced.
  *   1. Order the candidates 0..n-1 by x descending, ties by lower id first (a total order).
  *   2. top-k (k > 0): keep the first min(k, n) candidates; k == 0 keeps all.
  *   3. Weights w_i = sampler_exp((x_i - x_0) / T) for the kept candidates (x_0 = the largest, so
@@ -32,14 +32,15 @@
  * - sampler_reset re-seeds the RNG (a fresh conversation repeats its first reply).
  * - Settings are checked by sampler_init: temperature finite in [0, 100], top_k >= 0, top_p in
  *   (0, 1], min_p in [0, 1]; anything else is refused with a message naming the setting.
- * - Return values of sampler_pick: the id, SAMPLER_ENONFINITE (-1), SAMPLER_ENOMEM (-2). */
+ * - Errors (common/error.h): sampler_pick returns the id, or -1 with err filled (K3_EFAIL for a
+ *   non-finite logit, K3_ENOMEM, K3_EINPUT for n == 0); the others 0 or -1. err may be NULL. */
 #ifndef K3_SAMPLER_H
 #define K3_SAMPLER_H
 
+#include "common/error.h"
 #include <stddef.h>
 #include <stdint.h>
 
-enum { SAMPLER_ENONFINITE = -1, SAMPLER_ENOMEM = -2 };
 
 typedef struct {
     double temperature; /* 0 = greedy (default) */
@@ -76,24 +77,24 @@ typedef struct {
 /* Defaults: greedy, top_k 0, top_p 1, min_p 0, seed 0. */
 void sampler_config_default(sampler_config *c);
 /* Checks the settings (message into err, -1 if refused). */
-int sampler_config_check(const sampler_config *c, char *err, size_t errlen);
+int sampler_config_check(const sampler_config *c, k3_error *err);
 /* Sets one setting from command-line text: name is "temperature", "top-k", "top-p", "min-p" or
  * "seed" (a leading "--" is accepted). Strict: the whole value must parse and be in range.
  * 0, or -1 with a message naming the flag. */
-int sampler_parse_flag(sampler_config *c, const char *name, const char *value, char *err, size_t errlen);
+int sampler_parse_flag(sampler_config *c, const char *name, const char *value, k3_error *err);
 /* One line describing the settings ("greedy" or "temperature 0.7, top-k 40, ..., seed 1"). */
 void sampler_describe(const sampler_config *c, char *buf, size_t len);
 
-int sampler_init(sampler *s, const sampler_config *c, char *err, size_t errlen);
+int sampler_init(sampler *s, const sampler_config *c, k3_error *err);
 void sampler_free(sampler *s);
 void sampler_reset(sampler *s);
 int sampler_is_greedy(const sampler *s);
 
-int32_t sampler_pick(sampler *s, const float *logits, size_t n);
+int32_t sampler_pick(sampler *s, const float *logits, size_t n, k3_error *err);
 
 /* Steps 0-5 only (no draw, the RNG untouched): fills s->cand / s->n_kept / s->wsum.
- * Greedy: the arg-max alone with weight 1. 0, SAMPLER_ENONFINITE or SAMPLER_ENOMEM. */
-int sampler_filter(sampler *s, const float *logits, size_t n);
+ * Greedy: the arg-max alone with weight 1. 0 or -1 (as sampler_pick). */
+int sampler_filter(sampler *s, const float *logits, size_t n, k3_error *err);
 
 /* The exact exp and RNG above (exposed for tests and tools). */
 double sampler_exp(double x);

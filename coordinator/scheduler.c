@@ -224,12 +224,12 @@ static void admit(scheduler *s) {
         sl->fed = have;
         r->n_cached = sl->fed;
         s->stats.prefix_tokens_reused += sl->fed;
-        char e[256];
+        k3_error e = {0};
         if (sl->smp_ok) sampler_free(&sl->smp);
-        sl->smp_ok = sampler_init(&sl->smp, &r->sampling, e, sizeof e) == 0;
+        sl->smp_ok = sampler_init(&sl->smp, &r->sampling, &e) == 0;
         r->t_start = now_s();
         if (!sl->smp_ok) {
-            finish(r, FINISH_ERROR, e);
+            finish(r, FINISH_ERROR, e.msg);
             slot_free_req(s, sl);
         }
     }
@@ -332,11 +332,12 @@ static void *loop(void *arg) {
                 if (sl->fed == r->n_prompt) snap_keep(s, sl);
             }
             if (!sl->want_logits) continue;
-            int32_t id = sampler_pick(&sl->smp, sl->logits, s->V);
+            k3_error pe = {0};
+            int32_t id = sampler_pick(&sl->smp, sl->logits, s->V, &pe);
             if (id < 0) {
-                finish(r, FINISH_ERROR,
-                       id == SAMPLER_ENOMEM ? "out of memory in the sampler"
-                                            : "non-finite logits: refusing to emit a token");
+                char m[sizeof pe.msg + 40];
+                snprintf(m, sizeof m, "%s: refusing to emit a token", pe.msg);
+                finish(r, FINISH_ERROR, m);
                 slot_reset(s, sl);
                 slot_free_req(s, sl);
                 continue;

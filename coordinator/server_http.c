@@ -723,12 +723,13 @@ static enum MHD_Result tokenize(server *sv, struct MHD_Connection *c, const char
         }
         int32_t *ids = NULL;
         size_t n = 0;
+        k3_error te = {0};
         int rc = tokenizer_encode(sv->tok, json_string_value(t), json_string_length(t), sp ? json_is_true(sp) : 1, &ids,
-                                  &n, err, sizeof err);
+                                  &n, &te);
         if (rc) {
             free(ids);
             json_decref(o);
-            return send_error(sv, R_TOKENIZE, c, rc == TOK_ENOMEM ? 500 : 400, err, key);
+            return send_error(sv, R_TOKENIZE, c, te.kind == K3_ENOMEM ? 500 : 400, te.msg, key);
         }
         res = json_object();
         json_object_set_new(res, "tokens", ids_array(ids, n));
@@ -762,9 +763,9 @@ static enum MHD_Result detokenize(server *sv, struct MHD_Connection *c, const ch
         ids[i] = (int32_t)json_integer_value(v);
     }
     json_decref(o);
-    char *text = NULL, err[256];
+    char *text = NULL;
     size_t tl = 0;
-    if (!ids || tokenizer_decode(sv->tok, ids, n, &text, &tl, err, sizeof err)) {
+    if (!ids || tokenizer_decode(sv->tok, ids, n, &text, &tl, NULL)) {
         free(ids);
         free(text);
         return send_error(sv, R_DETOKENIZE, c, 500, "cannot decode", NULL);
@@ -958,12 +959,8 @@ int server_run(engine *en, const tokenizer *tok, const server_config *cfg, k3_er
     pthread_mutex_init(&sv->m.mu, NULL);
     pthread_mutex_init(&sv->id_mu, NULL);
     int status = 2;
-    char e[256];
     struct MHD_Daemon *d = NULL;
-    if (chat_template_resolve(tok, cfg->tmpl, &sv->api.tmpl, e, sizeof e)) {
-        k3_fail(err, "%s", e);
-        goto out;
-    }
+    if (chat_template_resolve(tok, cfg->tmpl, &sv->api.tmpl, err)) goto out;
     sv->api.tok = tok;
     sv->api.vocab = (size_t)en->model->cfg.vocab_size;
     if (tokenizer_vocab_size(tok) < sv->api.vocab) sv->api.vocab = tokenizer_vocab_size(tok);

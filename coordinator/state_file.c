@@ -431,9 +431,9 @@ static int load(reader *r, const state_fingerprint *fp, const k3_config *cfg, si
         (uint64_t)nstop * 4 != s.len - RUN_FIXED || tk < 0 || tk > (int64_t)1 << 30)
         return k3_fail(r->err, "%s: corrupt: impossible values in section 'run settings'", r->name);
     ru->sampling.top_k = (int)tk;
-    char se[256];
-    if (sampler_config_check(&ru->sampling, se, sizeof se))
-        return k3_fail(r->err, "%s: section 'run settings': %s", r->name, se);
+    k3_error se = {0};
+    if (sampler_config_check(&ru->sampling, &se))
+        return k3_fail(r->err, "%s: section 'run settings': %s", r->name, se.msg);
     if (nstop) {
         if (!(ru->stop_ids = malloc(nstop * sizeof *ru->stop_ids))) return k3_fail(r->err, "out of memory");
         memcpy(ru->stop_ids, rb + RUN_FIXED, nstop * 4);

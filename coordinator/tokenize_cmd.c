@@ -1,4 +1,5 @@
-/* Job: the tokenizer CLI (encode a file to ids, decode ids to bytes); contract in tokenize_cmd.h. */
+/* Job: the tokenizer CLI (encode a file to ids, decode ids to bytes); contract in tokenize_cmd.h.
+ * Every helper returns 0 or -1 with a k3_error; tokenize_command alone maps it to an exit status. */
 #include "coordinator/tokenize_cmd.h"
 #include "coordinator/tokenizer.h"
 #include "common/file_read.h"
@@ -9,43 +10,35 @@
 #include <stdlib.h>
 #include <string.h>
 
-static char *slurp(const char *path, size_t *len)
+static char *slurp(const char *path, size_t *len, k3_error *err)
 {
     k3_error e = {0};
     char *buf = file_read_stream(path, (size_t)1 << 31, len, &e); /* a pipe is fine, a directory is not */
-    if (!buf) fprintf(stderr, "k3: %s\n", e.msg);
+    if (!buf) k3_refuse(err, "%s", e.msg); /* an unreadable input file is a refused input */
     return buf;
 }
 
-static int write_out(const char *p, size_t n)
+static int write_out(const char *p, size_t n, k3_error *err)
 {
-    if (n && fwrite(p, 1, n, stdout) != n) goto bad;
-    if (fflush(stdout)) goto bad;
+    if ((n && fwrite(p, 1, n, stdout) != n) || fflush(stdout)) return k3_fail(err, "writing stdout: %s", strerror(errno));
     return 0;
-bad:
-    fprintf(stderr, "k3: writing stdout: %s\n", strerror(errno));
-    return 1;
 }
 
-static int do_encode(const tokenizer *t, const char *path, int no_special)
+static int do_encode(const tokenizer *t, const char *path, int no_special, k3_error *err)
 {
     size_t len;
-    char *text = slurp(path, &len);
-    if (!text) return 2;
+    char *text = slurp(path, &len, err);
+    if (!text) return -1;
     int32_t *ids;
     size_t n;
-    char err[256];
-    int rc = tokenizer_encode(t, text, len, !no_special, &ids, &n, err, sizeof err);
+    k3_error te = {0};
+    int rc = tokenizer_encode(t, text, len, !no_special, &ids, &n, &te);
     free(text);
-    if (rc != TOK_OK) {
-        fprintf(stderr, "k3: %s: %s\n", path, err);
-        return rc == TOK_EINPUT ? 2 : 1;
-    }
+    if (rc) return k3_fail_as(err, te.kind, "%s: %s", path, te.msg);
     char *out = malloc(n * 12 + 2);
     if (!out) {
         free(ids);
-        fprintf(stderr, "k3: out of memory\n");
-        return 1;
+        return k3_nomem(err, "out of memory for %zu ids", n);
     }
     size_t w = 0;
     for (size_t i = 0; i < n; i++) {
@@ -56,21 +49,20 @@ static int do_encode(const tokenizer *t, const char *path, int no_special)
     }
     out[w++] = '\n';
     free(ids);
-    rc = write_out(out, w);
+    rc = write_out(out, w, err);
     free(out);
     return rc;
 }
 
-static int do_decode(const tokenizer *t, const char *path)
+static int do_decode(const tokenizer *t, const char *path, k3_error *err)
 {
     size_t len;
-    char *text = slurp(path, &len);
-    if (!text) return 2;
+    char *text = slurp(path, &len, err);
+    if (!text) return -1;
     int32_t *ids = malloc((len / 2 + 1) * sizeof *ids);
     if (!ids) {
         free(text);
-        fprintf(stderr, "k3: out of memory\n");
-        return 1;
+        return k3_nomem(err, "out of memory for the ids of %s", path);
     }
     size_t n = 0, i = 0;
     int rc = 0;
@@ -91,9 +83,8 @@ static int do_decode(const tokenizer *t, const char *path)
         if (i == st || !sep || v >= (int64_t)tokenizer_vocab_size(t)) {
             size_t e = i;
             while (e < len && e - st < 24 && text[e] != ' ' && text[e] != '\n') e++;
-            fprintf(stderr, "k3: %s: bad token id \"%.*s\" at byte offset %zu (ids are 0..%zu)\n", path,
-                    (int)(e > st ? e - st : 1), text + st, st, tokenizer_vocab_size(t) - 1);
-            rc = 2;
+            rc = k3_refuse(err, "%s: bad token id \"%.*s\" at byte offset %zu (ids are 0..%zu)", path,
+                           (int)(e > st ? e - st : 1), text + st, st, tokenizer_vocab_size(t) - 1);
             break;
         }
         ids[n++] = (int32_t)v;
@@ -105,14 +96,11 @@ static int do_decode(const tokenizer *t, const char *path)
     }
     char *out;
     size_t olen;
-    char err[256];
-    int drc = tokenizer_decode(t, ids, n, &out, &olen, err, sizeof err);
+    k3_error te = {0};
+    rc = tokenizer_decode(t, ids, n, &out, &olen, &te);
     free(ids);
-    if (drc != TOK_OK) {
-        fprintf(stderr, "k3: %s: %s\n", path, err);
-        return drc == TOK_EINPUT ? 2 : 1;
-    }
-    rc = write_out(out, olen);
+    if (rc) return k3_fail_as(err, te.kind, "%s: %s", path, te.msg);
+    rc = write_out(out, olen, err);
     free(out);
     return rc;
 }
@@ -123,13 +111,11 @@ int tokenize_command(const char *tok_dir, const char *encode_file, const char *d
         fprintf(stderr, "usage: k3 --tok DIR (--encode FILE [--no-special] | --decode FILE)\n");
         return 2;
     }
-    char err[512];
-    tokenizer *t = tokenizer_load(tok_dir, err, sizeof err);
-    if (!t) {
-        fprintf(stderr, "k3: %s\n", err);
-        return 1;
-    }
-    int rc = encode_file ? do_encode(t, encode_file, no_special) : do_decode(t, decode_file);
+    k3_error err = {0};
+    tokenizer *t = tokenizer_load(tok_dir, &err);
+    int rc = !t ? -1 : encode_file ? do_encode(t, encode_file, no_special, &err) : do_decode(t, decode_file, &err);
     tokenizer_free(t);
-    return rc;
+    if (!rc) return 0;
+    fprintf(stderr, "k3: %s\n", err.msg);
+    return k3_exit_status(&err);
 }

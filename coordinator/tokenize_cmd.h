@@ -6,9 +6,9 @@
  *   decode: reads FILE holding token ids (decimal, separated by any whitespace, e.g. an encode line)
  *           and writes the decoded bytes to stdout, unmodified (no newline added).
  * Exactly one of encode_file / decode_file must be non-NULL. Returns the process exit code:
- *   0 ok; 2 usage error or bad input (FILE unreadable, invalid UTF-8 with its byte offset, a
- *   malformed or out-of-range id); 1 failure (tokenizer directory unusable, out of memory, stdout
- *   write error). Errors go to stderr. */
+ *   0 ok; 2 usage error or refused input (FILE unreadable, invalid UTF-8 with its byte offset, a
+ *   malformed or out-of-range id, an unusable tokenizer directory); 1 failure (out of memory,
+ *   stdout write error). Errors go to stderr (k3_exit_status of the one k3_error). */
 #ifndef K3_TOKENIZE_CMD_H
 #define K3_TOKENIZE_CMD_H
 

@@ -20,18 +20,6 @@
 
 /* ------------------------------------------------------------------ errors */
 
-static void set_err(char *err, size_t errlen, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static void set_err(char *err, size_t errlen, const char *fmt, ...)
-{
-    if (!err || errlen == 0) return;
-    char raw[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(raw, sizeof raw, fmt, ap);
-    va_end(ap);
-    k3_escape(err, errlen, raw, n < 0 ? 0 : (size_t)n < sizeof raw ? (size_t)n : sizeof raw - 1); /* quotes file bytes */
-}
-
 /* ------------------------------------------------------------------ UTF-8 */
 
 /* Length of the well-formed sequence starting at s[i], or 0 if ill-formed (Unicode table 3-7). */
@@ -260,11 +248,11 @@ static int32_t htab_put(tokenizer *t, htab *h, uint32_t id)
 
 /* ------------------------------------------------------------------ loading */
 
-static char *read_file(const char *path, size_t *len, char *err, size_t errlen)
+static char *read_file(const char *path, size_t *len, k3_error *err)
 {
     k3_error e = {0};
     char *buf = file_read_all(path, (size_t)1 << 31, len, &e);
-    if (!buf) set_err(err, errlen, "%s", e.msg);
+    if (!buf) k3_refuse(err, "%s", e.msg);
     return buf;
 }
 
@@ -309,10 +297,10 @@ static int is_blank_line(const char *p, const char *e)
     return 1;
 }
 
-static int load_ranks(tokenizer *t, const char *path, char *err, size_t errlen)
+static int load_ranks(tokenizer *t, const char *path, k3_error *err)
 {
     size_t flen;
-    char *data = read_file(path, &flen, err, errlen);
+    char *data = read_file(path, &flen, err);
     if (!data) return -1;
     int rc = -1;
     size_t nlines = 0;
@@ -323,11 +311,11 @@ static int load_ranks(tokenizer *t, const char *path, char *err, size_t errlen)
         p = e + 1;
     }
     if (nlines == 0) {
-        set_err(err, errlen, "%s: no tokens", path);
+        k3_refuse(err, "%s: no tokens", path);
         goto out;
     }
     if (nlines > (size_t)INT32_MAX - 2 * MAX_SPECIAL || flen >= UINT32_MAX / 2) {
-        set_err(err, errlen, "%s: too large", path);
+        k3_refuse(err, "%s: too large", path);
         goto out;
     }
     t->n_base = nlines;
@@ -338,7 +326,7 @@ static int load_ranks(tokenizer *t, const char *path, char *err, size_t errlen)
     unsigned char *seen = calloc(nlines, 1);
     if (!t->off || !t->len || !t->blob || !seen || htab_init(&t->ranks, nlines)) {
         free(seen);
-        set_err(err, errlen, "%s: out of memory", path);
+        k3_nomem(err, "%s: out of memory", path);
         goto out;
     }
     size_t blob_n = 0, lineno = 0;
@@ -355,14 +343,14 @@ static int load_ranks(tokenizer *t, const char *path, char *err, size_t errlen)
         const char *r = sp;
         while (r < e && (*r == ' ' || *r == '\t')) r++;
         if (sp == line || r == e || r == sp) {
-            set_err(err, errlen, "%s:%zu: corrupt line (expected \"base64 rank\")", path, lineno);
+            k3_refuse(err, "%s:%zu: corrupt line (expected \"base64 rank\")", path, lineno);
             free(seen);
             goto out;
         }
         uint64_t rank = 0;
         for (const char *q = r; q < e; q++) {
             if (*q < '0' || *q > '9' || rank > (uint64_t)INT32_MAX) {
-                set_err(err, errlen, "%s:%zu: corrupt line (bad rank \"%.*s\")", path, lineno,
+                k3_refuse(err, "%s:%zu: corrupt line (bad rank \"%.*s\")", path, lineno,
                         (int)(e - r > 40 ? 40 : e - r), r);
                 free(seen);
                 goto out;
@@ -370,25 +358,25 @@ static int load_ranks(tokenizer *t, const char *path, char *err, size_t errlen)
             rank = rank * 10 + (uint64_t)(*q - '0');
         }
         if (rank >= nlines) {
-            set_err(err, errlen, "%s:%zu: rank %llu out of range (ranks must be 0..%zu, one per line)",
+            k3_refuse(err, "%s:%zu: rank %llu out of range (ranks must be 0..%zu, one per line)",
                     path, lineno, (unsigned long long)rank, nlines - 1);
             free(seen);
             goto out;
         }
         if (seen[rank]) {
-            set_err(err, errlen, "%s:%zu: duplicate rank %llu", path, lineno, (unsigned long long)rank);
+            k3_refuse(err, "%s:%zu: duplicate rank %llu", path, lineno, (unsigned long long)rank);
             free(seen);
             goto out;
         }
         long bl = b64_decode(line, (size_t)(sp - line), (unsigned char *)t->blob + blob_n);
         if (bl < 0) {
-            set_err(err, errlen, "%s:%zu: bad base64 \"%.*s\"", path, lineno,
+            k3_refuse(err, "%s:%zu: bad base64 \"%.*s\"", path, lineno,
                     (int)(sp - line > 40 ? 40 : sp - line), line);
             free(seen);
             goto out;
         }
         if (bl == 0) {
-            set_err(err, errlen, "%s:%zu: empty token", path, lineno);
+            k3_refuse(err, "%s:%zu: empty token", path, lineno);
             free(seen);
             goto out;
         }
@@ -398,7 +386,7 @@ static int load_ranks(tokenizer *t, const char *path, char *err, size_t errlen)
         blob_n += (size_t)bl;
         int32_t dup = htab_put(t, &t->ranks, (uint32_t)rank);
         if (dup >= 0) {
-            set_err(err, errlen, "%s:%zu: duplicate token (same bytes as rank %d)", path, lineno, dup);
+            k3_refuse(err, "%s:%zu: duplicate token (same bytes as rank %d)", path, lineno, dup);
             free(seen);
             goto out;
         }
@@ -406,7 +394,7 @@ static int load_ranks(tokenizer *t, const char *path, char *err, size_t errlen)
     free(seen);
     t->blob_base = blob_n;
     if (!(t->pair2 = malloc(65536 * sizeof *t->pair2))) {
-        set_err(err, errlen, "%s: out of memory", path);
+        k3_nomem(err, "%s: out of memory", path);
         goto out;
     }
     for (unsigned k = 0; k < 65536; k++) {
@@ -416,7 +404,7 @@ static int load_ranks(tokenizer *t, const char *path, char *err, size_t errlen)
     for (int b = 0; b < 256; b++) {
         unsigned char c = (unsigned char)b;
         if (htab_get(t, &t->ranks, &c, 1) < 0) {
-            set_err(err, errlen, "%s: byte 0x%02X is not a token (every single byte must be)", path, b);
+            k3_refuse(err, "%s: byte 0x%02X is not a token (every single byte must be)", path, b);
             goto out;
         }
     }
@@ -426,16 +414,16 @@ out:
     return rc;
 }
 
-static int load_config(tokenizer *t, const char *path, char *err, size_t errlen)
+static int load_config(tokenizer *t, const char *path, k3_error *err)
 {
     size_t flen;
-    char *data = read_file(path, &flen, err, errlen);
+    char *data = read_file(path, &flen, err);
     if (!data) return -1;
     json_error_t je;
     json_t *root = json_loadb(data, flen, 0, &je);
     free(data);
     if (!root) {
-        set_err(err, errlen, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+        k3_refuse(err, "%s:%d:%d: %s", path, je.line, je.column, je.text);
         return -1;
     }
     int rc = -1;
@@ -444,7 +432,7 @@ static int load_config(tokenizer *t, const char *path, char *err, size_t errlen)
     size_t n_special = 256;
     json_t *atd = json_is_object(root) ? json_object_get(root, "added_tokens_decoder") : NULL;
     if (!json_is_object(atd)) {
-        set_err(err, errlen, "%s: no \"added_tokens_decoder\" object", path);
+        k3_refuse(err, "%s: no \"added_tokens_decoder\" object", path);
         goto out;
     }
     const char *key;
@@ -454,11 +442,11 @@ static int load_config(tokenizer *t, const char *path, char *err, size_t errlen)
         errno = 0;
         long long id = strtoll(key, &endp, 10);
         if (!*key || *endp || errno) {
-            set_err(err, errlen, "%s: added_tokens_decoder key \"%s\" is not an id", path, key);
+            k3_refuse(err, "%s: added_tokens_decoder key \"%s\" is not an id", path, key);
             goto out;
         }
         if (id < (long long)t->n_base || id >= (long long)(t->n_base + MAX_SPECIAL)) {
-            set_err(err, errlen,
+            k3_refuse(err,
                     "%s: added token id %lld outside the special range %zu..%zu (tiktoken.model has %zu ranks)",
                     path, id, t->n_base, t->n_base + MAX_SPECIAL - 1, t->n_base);
             goto out;
@@ -466,14 +454,14 @@ static int load_config(tokenizer *t, const char *path, char *err, size_t errlen)
         json_t *content = json_is_object(val) ? json_object_get(val, "content") : NULL;
         if (!json_is_string(content) || json_string_length(content) == 0 ||
             strlen(json_string_value(content)) != json_string_length(content)) {
-            set_err(err, errlen, "%s: added token %lld has no usable \"content\" string", path, id);
+            k3_refuse(err, "%s: added token %lld has no usable \"content\" string", path, id);
             goto out;
         }
         size_t k = (size_t)(id - (long long)t->n_base);
         free(names[k]);
         names[k] = strdup(json_string_value(content));
         if (!names[k]) {
-            set_err(err, errlen, "%s: out of memory", path);
+            k3_nomem(err, "%s: out of memory", path);
             goto out;
         }
         name_len[k] = strlen(names[k]);
@@ -486,7 +474,7 @@ static int load_config(tokenizer *t, const char *path, char *err, size_t errlen)
             int l = snprintf(buf, sizeof buf, "<|reserved_token_%zu|>", t->n_base + k);
             names[k] = strdup(buf);
             if (!names[k]) {
-                set_err(err, errlen, "%s: out of memory", path);
+                k3_nomem(err, "%s: out of memory", path);
                 goto out;
             }
             name_len[k] = (size_t)l;
@@ -497,7 +485,7 @@ static int load_config(tokenizer *t, const char *path, char *err, size_t errlen)
     char *nb = realloc(t->blob, blob_n + total + 1);
     if (!nb || htab_init(&t->specials, n_special)) {
         if (nb) t->blob = nb;
-        set_err(err, errlen, "%s: out of memory", path);
+        k3_nomem(err, "%s: out of memory", path);
         goto out;
     }
     t->blob = nb;
@@ -511,7 +499,7 @@ static int load_config(tokenizer *t, const char *path, char *err, size_t errlen)
         blob_n += name_len[k];
         int32_t dup = htab_put(t, &t->specials, (uint32_t)id);
         if (dup >= 0) {
-            set_err(err, errlen, "%s: special tokens %d and %zu have the same text \"%s\"", path, dup, id,
+            k3_refuse(err, "%s: special tokens %d and %zu have the same text \"%s\"", path, dup, id,
                     names[k]);
             goto out;
         }
@@ -532,10 +520,10 @@ out:
     return rc;
 }
 
-tokenizer *tokenizer_load(const char *dir, char *err, size_t errlen)
+tokenizer *tokenizer_load(const char *dir, k3_error *err)
 {
     if (!dir) {
-        set_err(err, errlen, "tokenizer: no directory given");
+        k3_refuse(err, "tokenizer: no directory given");
         return NULL;
     }
     tokenizer *t = calloc(1, sizeof *t);
@@ -544,13 +532,13 @@ tokenizer *tokenizer_load(const char *dir, char *err, size_t errlen)
     if (!t || !path) {
         free(t);
         free(path);
-        set_err(err, errlen, "tokenizer: out of memory");
+        k3_nomem(err, "tokenizer: out of memory");
         return NULL;
     }
     snprintf(path, plen, "%s/tiktoken.model", dir);
-    if (load_ranks(t, path, err, errlen)) goto fail;
+    if (load_ranks(t, path, err)) goto fail;
     snprintf(path, plen, "%s/tokenizer_config.json", dir);
-    if (load_config(t, path, err, errlen)) goto fail;
+    if (load_config(t, path, err)) goto fail;
     free(path);
     return t;
 fail:
@@ -626,33 +614,33 @@ static inline int emit(enc_ctx *c, int32_t id)
     if (c->n == c->cap) {
         size_t nc = c->cap ? 2 * c->cap : 256;
         int32_t *ni = realloc(c->ids, nc * sizeof *ni);
-        if (!ni) return TOK_ENOMEM;
+        if (!ni) return -1;
         c->ids = ni;
         c->cap = nc;
     }
     c->ids[c->n++] = id;
-    return TOK_OK;
+    return 0;
 }
 
 static int scratch_reserve(enc_ctx *c, size_t n)
 {
-    if (n <= c->scratch_cap) return TOK_OK;
+    if (n <= c->scratch_cap) return 0;
     size_t nc = c->scratch_cap ? c->scratch_cap : 256;
     while (nc < n) nc *= 2;
     uint32_t *a = realloc(c->pstart, nc * sizeof *a);
-    if (!a) return TOK_ENOMEM;
+    if (!a) return -1;
     c->pstart = a;
     a = realloc(c->prank, nc * sizeof *a);
-    if (!a) return TOK_ENOMEM;
+    if (!a) return -1;
     c->prank = a;
     a = realloc(c->nxt, nc * sizeof *a);
-    if (!a) return TOK_ENOMEM;
+    if (!a) return -1;
     c->nxt = a;
     a = realloc(c->prv, nc * sizeof *a);
-    if (!a) return TOK_ENOMEM;
+    if (!a) return -1;
     c->prv = a;
     c->scratch_cap = nc;
-    return TOK_OK;
+    return 0;
 }
 
 static inline uint32_t rank_of(const tokenizer *t, const unsigned char *p, size_t n)
@@ -665,7 +653,7 @@ static inline uint32_t rank_of(const tokenizer *t, const unsigned char *p, size_
 static int bpe_linear(enc_ctx *c, const unsigned char *p, size_t len)
 {
     const tokenizer *t = c->t;
-    if (scratch_reserve(c, len + 1)) return TOK_ENOMEM;
+    if (scratch_reserve(c, len + 1)) return -1;
     uint32_t *ps = c->pstart, *pr = c->prank;
     size_t np = len + 1;
     uint32_t min_r = RANK_NONE;
@@ -694,9 +682,9 @@ static int bpe_linear(enc_ctx *c, const unsigned char *p, size_t len)
     }
     for (size_t k = 0; k + 1 < np; k++) {
         int32_t id = htab_get(t, &t->ranks, p + ps[k], ps[k + 1] - ps[k]);
-        if (emit(c, id)) return TOK_ENOMEM;
+        if (emit(c, id)) return -1;
     }
-    return TOK_OK;
+    return 0;
 }
 
 static inline int heap_less(const heap_ent *a, const heap_ent *b) { return a->key < b->key; }
@@ -706,7 +694,7 @@ static int heap_push(enc_ctx *c, size_t *hn, uint32_t rank, uint32_t start, uint
     if (*hn == c->heap_cap) {
         size_t nc = c->heap_cap ? 2 * c->heap_cap : 256;
         heap_ent *nh = realloc(c->heap, nc * sizeof *nh);
-        if (!nh) return TOK_ENOMEM;
+        if (!nh) return -1;
         c->heap = nh;
         c->heap_cap = nc;
     }
@@ -720,7 +708,7 @@ static int heap_push(enc_ctx *c, size_t *hn, uint32_t rank, uint32_t start, uint
         i = par;
     }
     h[i] = e;
-    return TOK_OK;
+    return 0;
 }
 
 static heap_ent heap_pop(enc_ctx *c, size_t *hn)
@@ -743,8 +731,8 @@ static heap_ent heap_pop(enc_ctx *c, size_t *hn)
 static int bpe_heap(enc_ctx *c, const unsigned char *p, size_t len)
 {
     const tokenizer *t = c->t;
-    if (len >= UINT32_MAX / 2) return TOK_ENOMEM;
-    if (scratch_reserve(c, len + 1)) return TOK_ENOMEM;
+    if (len >= UINT32_MAX / 2) return -1;
+    if (scratch_reserve(c, len + 1)) return -1;
     uint32_t *nxt = c->nxt, *prv = c->prv;
     const uint32_t L = (uint32_t)len, NONE = UINT32_MAX;
     size_t hn = 0;
@@ -755,7 +743,7 @@ static int bpe_heap(enc_ctx *c, const unsigned char *p, size_t len)
     nxt[L] = NONE;
     for (uint32_t i = 0; i + 1 < L; i++) {
         uint32_t r = rank_of(t, p + i, 2);
-        if (r != RANK_NONE && heap_push(c, &hn, r, i, i + 2)) return TOK_ENOMEM;
+        if (r != RANK_NONE && heap_push(c, &hn, r, i, i + 2)) return -1;
     }
     while (hn) {
         heap_ent e = heap_pop(c, &hn);
@@ -769,17 +757,17 @@ static int bpe_heap(enc_ctx *c, const unsigned char *p, size_t len)
         uint32_t k = nxt[i];
         if (k < L) {
             uint32_t r = rank_of(t, p + i, nxt[k] - i);
-            if (r != RANK_NONE && heap_push(c, &hn, r, i, nxt[k])) return TOK_ENOMEM;
+            if (r != RANK_NONE && heap_push(c, &hn, r, i, nxt[k])) return -1;
         }
         uint32_t h = prv[i];
         if (h != NONE) {
             uint32_t r = rank_of(t, p + h, k - h);
-            if (r != RANK_NONE && heap_push(c, &hn, r, h, k)) return TOK_ENOMEM;
+            if (r != RANK_NONE && heap_push(c, &hn, r, h, k)) return -1;
         }
     }
     for (uint32_t i = 0; i < L; i = nxt[i])
-        if (emit(c, htab_get(t, &t->ranks, p + i, nxt[i] - i))) return TOK_ENOMEM;
-    return TOK_OK;
+        if (emit(c, htab_get(t, &t->ranks, p + i, nxt[i] - i))) return -1;
+    return 0;
 }
 
 static int bpe_piece(enc_ctx *c, const unsigned char *p, size_t len, int method)
@@ -918,7 +906,7 @@ static int encode_segment(enc_ctx *c, const seg *s)
         if (rc) return rc;
         i = e;
     }
-    return TOK_OK;
+    return 0;
 }
 
 /* Finds the leftmost (then longest) special text within text[from, to); returns its id or -1. */
@@ -964,19 +952,19 @@ static int encode_piece(enc_ctx *c, const unsigned char *text, const uint8_t *cl
         a = seg_end;
         while (a < b && off[a] < stop) a++;
     }
-    return TOK_OK;
+    return 0;
 }
 
 int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int allow_special, int32_t **ids,
-                     size_t *n, char *err, size_t errlen)
+                     size_t *n, k3_error *err)
 {
     *ids = NULL;
     *n = 0;
     const unsigned char *u = (const unsigned char *)text;
     size_t bad = utf8_valid_prefix(text, len);
     if (bad != len) {
-        set_err(err, errlen, "invalid UTF-8 at byte offset %zu (byte 0x%02X)", bad, u[bad]);
-        return TOK_EINPUT;
+        k3_refuse(err, "invalid UTF-8 at byte offset %zu (byte 0x%02X)", bad, u[bad]);
+        return -1;
     }
     enc_ctx c = { .t = t };
     size_t ncp = 0;
@@ -984,14 +972,14 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int allow
     size_t slice = ncp < TOK_MAX_ENCODE_CHARS ? ncp : TOK_MAX_ENCODE_CHARS;
     uint8_t *cls = malloc(slice + 1);
     uint32_t *off = malloc((slice + 1) * sizeof *off);
-    int rc = TOK_OK;
-    if (!cls || !off) rc = TOK_ENOMEM;
+    int rc = 0;
+    if (!cls || !off) rc = -1;
     else {
         c.cap = len / 3 + 16 < ((size_t)1 << 22) ? len / 3 + 16 : ((size_t)1 << 22); /* grows as needed */
-        if (!(c.ids = malloc(c.cap * sizeof *c.ids))) rc = TOK_ENOMEM;
+        if (!(c.ids = malloc(c.cap * sizeof *c.ids))) rc = -1;
     }
     /* off[] is relative to the slice start, so slices of any input fit in 32 bits */
-    for (size_t pos = 0; rc == TOK_OK && pos < len;) {
+    for (size_t pos = 0; rc == 0 && pos < len;) {
         const unsigned char *base = u + pos;
         size_t k = 0, bp = 0;
         while (pos + bp < len && k < TOK_MAX_ENCODE_CHARS) {
@@ -1007,7 +995,7 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int allow
         /* tokenization_kimi.py _split_whitespaces_or_nonwhitespaces */
         size_t start = 0, run = 0;
         int sp = (cls[0] & UC_PYSPACE) != 0;
-        for (size_t i = 0; i < k && rc == TOK_OK; i++) {
+        for (size_t i = 0; i < k && rc == 0; i++) {
             int now = (cls[i] & UC_PYSPACE) != 0;
             if (now != sp) {
                 run = 1;
@@ -1018,39 +1006,37 @@ int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int allow
                 run = 1;
             }
         }
-        if (rc == TOK_OK) rc = encode_piece(&c, base, cls, off, start, k, allow_special);
+        if (rc == 0) rc = encode_piece(&c, base, cls, off, start, k, allow_special);
     }
     free(cls);
     free(off);
     enc_free(&c);
-    if (rc != TOK_OK) {
+    if (rc != 0) {
         free(c.ids);
-        set_err(err, errlen, "tokenizer: out of memory");
-        return rc;
+        return k3_nomem(err, "tokenizer: out of memory");
     }
     *ids = c.ids;
     *n = c.n;
-    return TOK_OK;
+    return 0;
 }
 
-int tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n, char **out, size_t *out_len, char *err,
-                     size_t errlen)
+int tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n, char **out, size_t *out_len, k3_error *err)
 {
     *out = NULL;
     *out_len = 0;
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         if (ids[i] < 0 || (size_t)ids[i] >= t->n_total) {
-            set_err(err, errlen, "token id %ld at position %zu is out of range (vocabulary has %zu ids)",
+            k3_refuse(err, "token id %ld at position %zu is out of range (vocabulary has %zu ids)",
                     (long)ids[i], i, t->n_total);
-            return TOK_EINPUT;
+            return -1;
         }
         total += t->len[ids[i]];
     }
     char *buf = malloc(total + 1);
     if (!buf) {
-        set_err(err, errlen, "tokenizer: out of memory");
-        return TOK_ENOMEM;
+        k3_nomem(err, "tokenizer: out of memory");
+        return -1;
     }
     size_t w = 0;
     for (size_t i = 0; i < n; i++) {
@@ -1060,22 +1046,22 @@ int tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n, char **ou
     buf[w] = 0;
     *out = buf;
     *out_len = w;
-    return TOK_OK;
+    return 0;
 }
 
 /* ------------------------------------------------------------------ test hooks */
 
-int tokenizer_pretokenize(const char *text, size_t len, size_t **ends, size_t *n, char *err, size_t errlen)
+int tokenizer_pretokenize(const char *text, size_t len, size_t **ends, size_t *n, k3_error *err)
 {
     *ends = NULL;
     *n = 0;
     const unsigned char *u = (const unsigned char *)text;
     size_t bad = utf8_valid_prefix(text, len);
     if (bad != len) {
-        set_err(err, errlen, "invalid UTF-8 at byte offset %zu (byte 0x%02X)", bad, u[bad]);
-        return TOK_EINPUT;
+        k3_refuse(err, "invalid UTF-8 at byte offset %zu (byte 0x%02X)", bad, u[bad]);
+        return -1;
     }
-    if (len >= UINT32_MAX) return TOK_ENOMEM;
+    if (len >= UINT32_MAX) return k3_refuse(err, "text of %zu bytes is too long to pre-tokenize", len);
     uint8_t *cls = malloc(len + 1);
     uint32_t *off = malloc((len + 1) * sizeof *off);
     size_t *e = malloc((len + 1) * sizeof *e);
@@ -1083,8 +1069,8 @@ int tokenizer_pretokenize(const char *text, size_t len, size_t **ends, size_t *n
         free(cls);
         free(off);
         free(e);
-        set_err(err, errlen, "tokenizer: out of memory");
-        return TOK_ENOMEM;
+        k3_nomem(err, "tokenizer: out of memory");
+        return -1;
     }
     size_t k = 0;
     for (size_t bp = 0; bp < len;) {
@@ -1106,14 +1092,14 @@ int tokenizer_pretokenize(const char *text, size_t len, size_t **ends, size_t *n
     free(off);
     *ends = e;
     *n = np;
-    return TOK_OK;
+    return 0;
 }
 
 int tokenizer_bpe_piece(const tokenizer *t, const void *bytes, size_t len, int method, int32_t **ids, size_t *n)
 {
     *ids = NULL;
     *n = 0;
-    if (len == 0) return TOK_EINPUT;
+    if (len == 0) return -1;
     enc_ctx c = { .t = t };
     int rc;
     if (method == 0) {
@@ -1127,8 +1113,8 @@ int tokenizer_bpe_piece(const tokenizer *t, const void *bytes, size_t len, int m
         free(c.ids);
         return rc;
     }
-    if (!c.ids && !(c.ids = malloc(sizeof *c.ids))) return TOK_ENOMEM;
+    if (!c.ids && !(c.ids = malloc(sizeof *c.ids))) return -1;
     *ids = c.ids;
     *n = c.n;
-    return TOK_OK;
+    return 0;
 }

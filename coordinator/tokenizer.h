@@ -11,7 +11,7 @@
  *   On failure it returns NULL and writes a message naming the file (and line) into err.
  * - A loaded tokenizer is immutable: every function below may be called from several threads at once.
  * - tokenizer_encode: text must be valid UTF-8 (NUL bytes allowed, len counts bytes). Invalid UTF-8 is
- *   refused with TOK_EINPUT and "invalid UTF-8 at byte offset N" (N = offset of the first byte of the
+ *   refused (K3_EINPUT) with "invalid UTF-8 at byte offset N" (N = offset of the first byte of the
  *   first ill-formed sequence, counted from text; truncated sequences at the end are ill-formed too).
  *   Nothing is guessed or replaced. The text is cut like Kimi's Python wrapper (400,000-code-point
  *   slices, then runs of more than 25,000 code points of the same Python-isspace class); each piece is
@@ -21,16 +21,18 @@
  *   16.0 classes, no regex engine) and each piece is rank-BPE encoded with tiktoken's semantics.
  *   *ids is malloc'd (free() it; non-NULL even when *n == 0).
  * - tokenizer_decode concatenates token bytes (a special decodes to its text); ids out of range are
- *   refused with TOK_EINPUT. The result is raw bytes: it may be invalid UTF-8 if the ids are; use a
+ *   refused (K3_EINPUT). The result is raw bytes: it may be invalid UTF-8 if the ids are; use a
  *   utf8_stream to print by complete code points.
- * - Return codes: TOK_OK (0), TOK_EINPUT (bad caller input: invalid UTF-8, bad id), TOK_ENOMEM. */
+ * - Errors (common/error.h): 0 on success, -1 (NULL for tokenizer_load) with err filled: kind
+ *   K3_EINPUT for bad input (a malformed tokenizer file, invalid UTF-8, an id out of range),
+ *   K3_ENOMEM when out of memory. err may be NULL. */
 #ifndef K3_TOKENIZER_H
 #define K3_TOKENIZER_H
 
+#include "common/error.h"
 #include <stddef.h>
 #include <stdint.h>
 
-enum { TOK_OK = 0, TOK_EINPUT = -2, TOK_ENOMEM = -3 };
 
 /* Kimi wrapper limits (tokenization_kimi.py). */
 #define TOK_MAX_ENCODE_CHARS 400000
@@ -38,7 +40,7 @@ enum { TOK_OK = 0, TOK_EINPUT = -2, TOK_ENOMEM = -3 };
 
 typedef struct tokenizer tokenizer;
 
-tokenizer *tokenizer_load(const char *dir, char *err, size_t errlen);
+tokenizer *tokenizer_load(const char *dir, k3_error *err);
 void tokenizer_free(tokenizer *t);
 
 size_t tokenizer_vocab_size(const tokenizer *t); /* n_base + n_special */
@@ -51,7 +53,7 @@ int tokenizer_special_id(const tokenizer *t, const char *content);
 int tokenizer_is_special(const tokenizer *t, int32_t id);
 
 int tokenizer_encode(const tokenizer *t, const char *text, size_t len, int allow_special,
-                     int32_t **ids, size_t *n, char *err, size_t errlen);
+                     int32_t **ids, size_t *n, k3_error *err);
 
 /* Bytes of one token (not NUL-terminated; valid while t lives). 0, or -1 if id is out of range. */
 int tokenizer_token_bytes(const tokenizer *t, int32_t id, const char **bytes, size_t *len);
@@ -59,7 +61,7 @@ int tokenizer_token_bytes(const tokenizer *t, int32_t id, const char **bytes, si
 /* Concatenated token bytes into a malloc'd buffer (*out NUL-terminated for convenience, *out_len
  * excludes the NUL). */
 int tokenizer_decode(const tokenizer *t, const int32_t *ids, size_t n, char **out, size_t *out_len,
-                     char *err, size_t errlen);
+                     k3_error *err);
 
 /* ---- UTF-8 helpers ---- */
 
@@ -88,13 +90,13 @@ size_t utf8_stream_flush(utf8_stream *s, char *out);
 /* ---- internals exposed for tests and tools ---- */
 
 /* Splits valid UTF-8 text with the Kimi pattern as one segment (no specials, no chunking). *ends gets
- * the byte offset just past each piece (malloc'd). Returns TOK_OK, TOK_EINPUT (invalid UTF-8) or
- * TOK_ENOMEM. */
-int tokenizer_pretokenize(const char *text, size_t len, size_t **ends, size_t *n, char *err,
-                          size_t errlen);
+ * the byte offset just past each piece (malloc'd). 0, or -1 (invalid UTF-8: K3_EINPUT;
+ * K3_ENOMEM). */
+int tokenizer_pretokenize(const char *text, size_t len, size_t **ends, size_t *n, k3_error *err);
 
 /* Rank BPE of one piece of bytes (len >= 1). method: 0 automatic, 1 the quadratic tiktoken scan,
- * 2 the heap version used for long pieces (both give the same ids). *ids malloc'd. */
+ * 2 the heap version used for long pieces (both give the same ids). *ids malloc'd. 0, or -1
+ * (len 0 or out of memory). */
 int tokenizer_bpe_piece(const tokenizer *t, const void *bytes, size_t len, int method, int32_t **ids,
                         size_t *n);
 

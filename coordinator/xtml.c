@@ -9,30 +9,26 @@ typedef struct {
     const tokenizer *tok;
     chat_ids *out;
     int32_t open, close, sep, end;
-    char *err, *param;
-    size_t errlen, paramlen;
+    k3_error *err;
+    char *param;
+    size_t paramlen;
 } wr;
 
 static int bad(wr *w, const char *param, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int bad(wr *w, const char *param, const char *fmt, ...) {
+    char msg[sizeof w->err->msg];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(w->err, w->errlen, fmt, ap);
+    vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     snprintf(w->param, w->paramlen, "%s", param);
-    return CHAT_EINPUT;
+    return k3_refuse(w->err, "%s", msg);
 }
 
-static int nomem(wr *w) {
-    snprintf(w->err, w->errlen, "out of memory rendering the conversation");
-    return CHAT_ENOMEM;
-}
+static int nomem(wr *w) { return k3_nomem(w->err, "out of memory rendering the conversation"); }
 
 static int put_id(wr *w, int32_t id) {
-    if (chat_ids_append(w->out, &id, 1)) {
-        snprintf(w->err, w->errlen, "out of memory rendering the conversation");
-        return CHAT_ENOMEM;
-    }
+    if (chat_ids_append(w->out, &id, 1)) return nomem(w);
     return 0;
 }
 
@@ -41,13 +37,12 @@ static int put_text(wr *w, const char *param, const char *s, size_t len) {
     if (len == 0) return 0;
     int32_t *ids = NULL;
     size_t n = 0;
-    char e[256];
-    int rc = tokenizer_encode(w->tok, s, len, 0, &ids, &n, e, sizeof e);
-    if (rc == TOK_OK) rc = chat_ids_append(w->out, ids, n) ? CHAT_ENOMEM : 0;
-    else if (rc == TOK_EINPUT) rc = bad(w, param, "%s", e);
-    else rc = CHAT_ENOMEM;
+    k3_error te = {0};
+    int rc = tokenizer_encode(w->tok, s, len, 0, &ids, &n, &te);
+    if (rc == 0) rc = chat_ids_append(w->out, ids, n) ? nomem(w) : 0;
+    else if (te.kind == K3_EINPUT) rc = bad(w, param, "%s", te.msg);
+    else rc = nomem(w);
     free(ids);
-    if (rc == CHAT_ENOMEM) snprintf(w->err, w->errlen, "out of memory rendering the conversation");
     return rc;
 }
 static int put_str(wr *w, const char *s) { return put_text(w, "", s, strlen(s)); }
@@ -393,7 +388,7 @@ static int render_k2(wr *w, const json_t *msgs, const xtml_options *o) {
     int rc;
     if (o->default_system && (n == 0 || strcmp(str_or(json_array_get(msgs, 0), "role", ""), "system")) &&
         (rc = chat_render_turn(w->tok, CHAT_TEMPLATE_K2, "system", o->default_system, strlen(o->default_system),
-                               w->out, w->err, w->errlen)))
+                               w->out, w->err)))
         return rc;
     for (size_t i = 0; i < n; i++) {
         char path[64], p[96];
@@ -410,19 +405,18 @@ static int render_k2(wr *w, const json_t *msgs, const xtml_options *o) {
             return bad(w, p, "%s: the K2 template takes string content", p);
         const char *txt = json_is_string(c) ? json_string_value(c) : "";
         if ((rc = chat_render_turn(w->tok, CHAT_TEMPLATE_K2, role, txt, json_is_string(c) ? json_string_length(c) : 0,
-                                   w->out, w->err, w->errlen))) {
+                                   w->out, w->err))) {
             snprintf(w->param, w->paramlen, "%s", p);
             return rc;
         }
     }
-    return chat_render_generation_prompt(w->tok, CHAT_TEMPLATE_K2, 0, w->out, w->err, w->errlen);
+    return chat_render_generation_prompt(w->tok, CHAT_TEMPLATE_K2, 0, w->out, w->err);
 }
 
 int xtml_render_chat(const tokenizer *tok, chat_template t, const json_t *messages, const xtml_options *o,
-                     chat_ids *out, char *err, size_t errlen, char *param, size_t paramlen) {
+                     chat_ids *out, k3_error *err, char *param, size_t paramlen) {
     wr w = {tok, out, tokenizer_special_id(tok, "<|open|>"), tokenizer_special_id(tok, "<|close|>"),
-            tokenizer_special_id(tok, "<|sep|>"), tokenizer_special_id(tok, "<|end_of_msg|>"), err, param, errlen,
-            paramlen};
+            tokenizer_special_id(tok, "<|sep|>"), tokenizer_special_id(tok, "<|end_of_msg|>"), err, param, paramlen};
     if (param && paramlen) param[0] = 0;
     if (!json_is_array(messages) || json_array_size(messages) == 0)
         return bad(&w, "messages", "messages must be a non-empty array");

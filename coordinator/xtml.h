@@ -15,7 +15,8 @@
  * - Validation: every problem is refused with a message naming the request field
  *   ("messages[2].tool_calls[0].function.arguments: ..."), never guessed: unknown roles, wrong types,
  *   a content part that is not text, a tool result whose tool name cannot be found.
- * - Return: 0, CHAT_EINPUT (message in err, the field path in param), CHAT_ENOMEM. */
+ * - Errors (common/error.h): 0, or -1 with err filled: K3_EINPUT (the field path in param),
+ *   K3_ENOMEM. */
 #ifndef K3_XTML_H
 #define K3_XTML_H
 
@@ -33,7 +34,7 @@ typedef struct {
 } xtml_options;
 
 int xtml_render_chat(const tokenizer *tok, chat_template t, const json_t *messages, const xtml_options *o,
-                     chat_ids *out, char *err, size_t errlen, char *param, size_t paramlen);
+                     chat_ids *out, k3_error *err, char *param, size_t paramlen);
 
 /* Python json.dumps(v, ensure_ascii=False) with default separators, keys in their order
  * (malloc'd, NULL when out of memory). */

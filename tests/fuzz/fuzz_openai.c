@@ -21,10 +21,10 @@ int32_t argmax_logits(const float *logits, size_t n) {
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!tok) {
-        char err[256];
-        tok = tokenizer_load("tests/models/m13", err, sizeof err);
+        k3_error err = {0};
+        tok = tokenizer_load("tests/models/m13", &err);
         if (!tok) {
-            fprintf(stderr, "fuzz_openai: %s (run from the repository root)\n", err);
+            fprintf(stderr, "fuzz_openai: %s (run from the repository root)\n", err.msg);
             abort();
         }
     }

@@ -33,6 +33,9 @@
 #include <string.h>
 #include <unistd.h>
 
+/* a cleared k3_error for the next call (the first failure wins, so each call gets a fresh one) */
+#define ERRP (k3_error_clear(&err), &err)
+
 static int failures;
 
 #define CHECK(cond, ...)                                                    \
@@ -138,9 +141,9 @@ static void make_sampler(sampler *s, double T, int k, double p, double q, uint64
     c.top_p = p;
     c.min_p = q;
     c.seed = seed;
-    char err[256];
-    if (sampler_init(s, &c, err, sizeof err)) {
-        fprintf(stderr, "%s\n", err);
+    k3_error err = {0};
+    if (sampler_init(s, &c, ERRP)) {
+        fprintf(stderr, "%s\n", err.msg);
         die("sampler_init refused a valid config");
     }
 }
@@ -159,25 +162,30 @@ static void test_greedy(void) {
     for (int t = 0; t < 300; t++) {
         fill_random(row, N, &r, t & 1);
         int32_t a = argmax_logits(row, N);
-        bad += sampler_pick(&g, row, N) != a;
-        badk += sampler_pick(&k1, row, N) != a;
+        bad += sampler_pick(&g, row, N, NULL) != a;
+        badk += sampler_pick(&k1, row, N, NULL) != a;
     }
     CHECK(bad == 0, "greedy differs from argmax_logits on %d rows", bad);
     CHECK(badk == 0, "top-k 1 differs from greedy on %d rows", badk);
     CHECK(rng_eq(&before, &g.rng), "greedy advanced the RNG");
     /* ties: lowest id */
     float tie[5] = {1, 3, 3, 2, 3};
-    CHECK(sampler_pick(&g, tie, 5) == 1, "greedy tie");
-    CHECK(sampler_pick(&k1, tie, 5) == 1, "top-k 1 tie");
+    CHECK(sampler_pick(&g, tie, 5, NULL) == 1, "greedy tie");
+    CHECK(sampler_pick(&k1, tie, 5, NULL) == 1, "top-k 1 tie");
     /* non-finite */
     float bad1[3] = {0, NAN, 1}, bad2[3] = {0, 1, INFINITY}, bad3[3] = {-INFINITY, 0, 1};
     sampler s;
     make_sampler(&s, 0.7, 0, 1.0, 0.0, 1);
     k3_rng b2 = s.rng;
-    CHECK(sampler_pick(&g, bad1, 3) == SAMPLER_ENONFINITE, "greedy NaN");
-    CHECK(sampler_pick(&g, bad2, 3) == SAMPLER_ENONFINITE, "greedy inf");
-    CHECK(sampler_pick(&s, bad1, 3) == SAMPLER_ENONFINITE, "sampling NaN");
-    CHECK(sampler_pick(&s, bad3, 3) == SAMPLER_ENONFINITE, "sampling -inf");
+    CHECK(sampler_pick(&g, bad1, 3, NULL) == -1, "greedy NaN");
+    CHECK(sampler_pick(&g, bad2, 3, NULL) == -1, "greedy inf");
+    CHECK(sampler_pick(&s, bad1, 3, NULL) == -1, "sampling NaN");
+    CHECK(sampler_pick(&s, bad3, 3, NULL) == -1, "sampling -inf");
+    {
+        k3_error e1 = {0}, e2 = {0};
+        CHECK(sampler_pick(&g, bad1, 3, &e1) == -1 && e1.kind == K3_EFAIL && strstr(e1.msg, "id 1"), "NaN: %s", e1.msg);
+        CHECK(sampler_pick(&s, bad3, 3, &e2) == -1 && e2.kind == K3_EFAIL && strstr(e2.msg, "id 0"), "-inf: %s", e2.msg);
+    }
     CHECK(rng_eq(&b2, &s.rng), "a refused pick advanced the RNG");
     sampler_free(&s);
     sampler_free(&g);
@@ -199,9 +207,9 @@ static void test_seeds(void) {
     k3_rng_seed(&shadow, 11);
     for (int t = 0; t < STEPS; t++) {
         fill_random(row, N, &r, 0);
-        a[t] = sampler_pick(&s1, row, N);
-        b[t] = sampler_pick(&s2, row, N);
-        c[t] = sampler_pick(&s3, row, N);
+        a[t] = sampler_pick(&s1, row, N, NULL);
+        b[t] = sampler_pick(&s2, row, N, NULL);
+        c[t] = sampler_pick(&s3, row, N, NULL);
         k3_rng_next(&shadow);
     }
     CHECK(!memcmp(a, b, STEPS * sizeof *a), "the same seed gave different ids");
@@ -215,7 +223,7 @@ static void test_seeds(void) {
     int diff = 0;
     for (int t = 0; t < STEPS; t++) {
         fill_random(row, N, &r, 0);
-        diff += sampler_pick(&s1, row, N) != a[t];
+        diff += sampler_pick(&s1, row, N, NULL) != a[t];
     }
     CHECK(diff == 0, "sampler_reset does not repeat the sequence (%d differ)", diff);
     sampler_free(&s1);
@@ -239,7 +247,7 @@ static void test_temperature_to_zero(void) {
     for (int t = 0; t < 100; t++) {
         for (int i = 0; i < N; i++) row[i] = (float)((i * 7919) % N) * 0.1f; /* distinct, 0.1 apart */
         row[(t * 37) % N] = 100.0f;
-        bad += sampler_pick(&s, row, N) != (t * 37) % N;
+        bad += sampler_pick(&s, row, N, NULL) != (t * 37) % N;
     }
     CHECK(bad == 0, "temperature 1e-3 missed the arg-max %d times", bad);
     CHECK(s.n_kept == 1, "temperature 1e-3 kept %zu candidates (weights below 2^-1000 are dropped)", s.n_kept);
@@ -247,7 +255,7 @@ static void test_temperature_to_zero(void) {
     float tie[4] = {5, 1, 5, 4};
     int hits[4] = {0};
     for (int t = 0; t < 400; t++) {
-        int32_t id = sampler_pick(&s, tie, 4);
+        int32_t id = sampler_pick(&s, tie, 4, NULL);
         if (id >= 0 && id < 4) hits[id]++;
     }
     CHECK(hits[1] == 0 && hits[3] == 0 && hits[0] > 150 && hits[2] > 150, "tie split %d/%d/%d/%d", hits[0],
@@ -284,7 +292,7 @@ static void test_filters(void) {
     for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
         sampler s;
         make_sampler(&s, 1.0, c[i].k, c[i].p, c[i].q, 1);
-        int rc = sampler_filter(&s, row, 5);
+        int rc = sampler_filter(&s, row, 5, NULL);
         int ok = rc == 0 && s.n_kept == c[i].kept;
         for (size_t j = 0; ok && j < c[i].kept; j++) ok = s.cand[j].id == c[i].order[j];
         CHECK(ok, "filter case %zu (k %d, p %g, q %g): rc %d, kept %zu", i, c[i].k, c[i].p, c[i].q, rc, s.n_kept);
@@ -295,7 +303,7 @@ static void test_filters(void) {
             int hits[5] = {0};
             enum { DRAWS = 20000 };
             for (int t = 0; t < DRAWS; t++) {
-                int32_t id = sampler_pick(&s, row, 5);
+                int32_t id = sampler_pick(&s, row, 5, NULL);
                 if (id >= 0 && id < 5) hits[id]++;
             }
             for (int id = 0; id < 5; id++) {
@@ -310,7 +318,7 @@ static void test_filters(void) {
     float r2[3] = {0.0f, (float)(-2.0 * log(2.0)), -1e30f};
     sampler s;
     make_sampler(&s, 2.0, 0, 1.0, 0.0, 1);
-    CHECK(sampler_filter(&s, r2, 3) == 0 && s.n_kept == 2 && fabs(s.cand[1].w - 0.5) < 1e-7,
+    CHECK(sampler_filter(&s, r2, 3, NULL) == 0 && s.n_kept == 2 && fabs(s.cand[1].w - 0.5) < 1e-7,
           "T = 2 weights: kept %zu, w1 %g (the -1e30 logit has weight 0 and is dropped)", s.n_kept,
           s.n_kept > 1 ? s.cand[1].w : -1.0);
     sampler_free(&s);
@@ -344,7 +352,7 @@ static void test_order(void) {
             default: row[i] = (float)((u - 0.5) * 1e-3 * (1 + (i % 7))); break;
             }
         }
-        if (sampler_filter(&s, row, N) || s.n_kept != N) {
+        if (sampler_filter(&s, row, N, NULL) || s.n_kept != N) {
             bad++;
             continue;
         }
@@ -377,7 +385,7 @@ static void test_golden_draws(void) {
         sampler s;
         make_sampler(&s, g[i].T, g[i].k, g[i].p, g[i].q, g[i].seed);
         int32_t got[16];
-        for (int t = 0; t < 16; t++) got[t] = sampler_pick(&s, row, 64);
+        for (int t = 0; t < 16; t++) got[t] = sampler_pick(&s, row, 64, NULL);
         CHECK(!memcmp(got, g[i].ids, sizeof got), "golden draws %zu differ: first %d %d %d (want %d %d %d)", i,
               got[0], got[1], got[2], g[i].ids[0], g[i].ids[1], g[i].ids[2]);
         CHECK(s.n_kept == g[i].kept, "golden %zu kept %zu, want %zu", i, s.n_kept, g[i].kept);
@@ -403,21 +411,21 @@ static void test_settings(void) {
         c.top_p = bad[i].p;
         c.min_p = bad[i].q;
         c.top_k = bad[i].k;
-        char err[256] = "";
+        k3_error err = {0};
         sampler s;
-        int rc = sampler_init(&s, &c, err, sizeof err);
-        CHECK(rc == -1 && strstr(err, bad[i].word), "bad setting %zu accepted or message '%s'", i, err);
+        int rc = sampler_init(&s, &c, ERRP);
+        CHECK(rc == -1 && strstr(err.msg, bad[i].word), "bad setting %zu accepted or message '%s'", i, err.msg);
     }
     sampler_config c;
     sampler_config_default(&c);
-    char err[256] = "";
+    k3_error err = {0};
     CHECK(c.temperature == 0 && c.top_k == 0 && c.top_p == 1 && c.min_p == 0 && c.seed == 0, "defaults");
-    CHECK(sampler_parse_flag(&c, "--temperature", "0.7", err, sizeof err) == 0 && c.temperature == 0.7, "%s", err);
-    CHECK(sampler_parse_flag(&c, "top-k", "40", err, sizeof err) == 0 && c.top_k == 40, "%s", err);
-    CHECK(sampler_parse_flag(&c, "--top-p", "0.95", err, sizeof err) == 0 && c.top_p == 0.95, "%s", err);
-    CHECK(sampler_parse_flag(&c, "--min-p", "0.05", err, sizeof err) == 0 && c.min_p == 0.05, "%s", err);
-    CHECK(sampler_parse_flag(&c, "--seed", "18446744073709551615", err, sizeof err) == 0 && c.seed == UINT64_MAX,
-          "%s", err);
+    CHECK(sampler_parse_flag(&c, "--temperature", "0.7", ERRP) == 0 && c.temperature == 0.7, "%s", err.msg);
+    CHECK(sampler_parse_flag(&c, "top-k", "40", ERRP) == 0 && c.top_k == 40, "%s", err.msg);
+    CHECK(sampler_parse_flag(&c, "--top-p", "0.95", ERRP) == 0 && c.top_p == 0.95, "%s", err.msg);
+    CHECK(sampler_parse_flag(&c, "--min-p", "0.05", ERRP) == 0 && c.min_p == 0.05, "%s", err.msg);
+    CHECK(sampler_parse_flag(&c, "--seed", "18446744073709551615", ERRP) == 0 && c.seed == UINT64_MAX,
+          "%s", err.msg);
     sampler_config keep = c;
     static const char *const refused[][2] = {
         {"--temperature", "abc"}, {"--temperature", "-0.5"}, {"--temperature", ""},   {"--temperature", "1e"},
@@ -426,9 +434,9 @@ static void test_settings(void) {
         {"--seed", ""},           {"--top-q", "1"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
-        err[0] = 0;
-        int rc = sampler_parse_flag(&c, refused[i][0], refused[i][1], err, sizeof err);
-        CHECK(rc == -1 && err[0], "%s '%s' accepted", refused[i][0], refused[i][1]);
+        k3_error_clear(&err);
+        int rc = sampler_parse_flag(&c, refused[i][0], refused[i][1], ERRP);
+        CHECK(rc == -1 && err.set, "%s '%s' accepted", refused[i][0], refused[i][1]);
     }
     CHECK(!memcmp(&keep, &c, sizeof c), "a refused flag changed the config");
     char d[256];
@@ -442,10 +450,10 @@ static void test_settings(void) {
 /* ------------------------------------------------------------------ templates */
 
 static tokenizer *load_tok(const char *dir) {
-    char err[512];
-    tokenizer *t = tokenizer_load(dir, err, sizeof err);
+    k3_error err = {0};
+    tokenizer *t = tokenizer_load(dir, ERRP);
     if (!t) {
-        fprintf(stderr, "%s\n", err);
+        fprintf(stderr, "%s\n", err.msg);
         die("cannot load a tokenizer");
     }
     return t;
@@ -454,16 +462,17 @@ static tokenizer *load_tok(const char *dir) {
 static void enc(const tokenizer *t, const char *s, int allow, chat_ids *out) {
     int32_t *ids = NULL;
     size_t n = 0;
-    char err[256];
-    if (tokenizer_encode(t, s, strlen(s), allow, &ids, &n, err, sizeof err) != TOK_OK) die(err);
+    k3_error err = {0};
+    if (tokenizer_encode(t, s, strlen(s), allow, &ids, &n, ERRP) != 0) die(err.msg);
     if (chat_ids_append(out, ids, n)) die("oom");
     free(ids);
 }
 
 static char *dec(const tokenizer *t, const int32_t *ids, size_t n) {
-    char *s = NULL, err[256];
+    char *s = NULL;
+    k3_error err = {0};
     size_t len;
-    if (tokenizer_decode(t, ids, n, &s, &len, err, sizeof err) != TOK_OK) die(err);
+    if (tokenizer_decode(t, ids, n, &s, &len, ERRP) != 0) die(err.msg);
     return s;
 }
 
@@ -492,14 +501,14 @@ static void expect(const tokenizer *t, const seg *s, chat_ids *ids, char *text, 
 }
 
 static void render(const tokenizer *t, chat_template tp, const char *role, const char *text, chat_ids *out) {
-    char err[256];
-    int rc = chat_render_turn(t, tp, role, text, strlen(text), out, err, sizeof err);
-    if (rc) die(err);
+    k3_error err = {0};
+    int rc = chat_render_turn(t, tp, role, text, strlen(text), out, ERRP);
+    if (rc) die(err.msg);
 }
 
 static void gen_prompt(const tokenizer *t, chat_template tp, int thinking, chat_ids *out) {
-    char err[256];
-    if (chat_render_generation_prompt(t, tp, thinking, out, err, sizeof err)) die(err);
+    k3_error err = {0};
+    if (chat_render_generation_prompt(t, tp, thinking, out, ERRP)) die(err.msg);
 }
 
 static void write_text(const char *path, const char *s) {
@@ -595,33 +604,33 @@ static void test_k3_template(const tokenizer *t) {
     enc(t, "<|open|>message role=\"tool\"<|sep|><|close|>message<|sep|><|end_of_msg|>", 1, &b);
     CHECK(ids_eq(&a, &b), "K3 empty tool message");
     /* refusals leave the buffer as it was */
-    char err[256];
+    k3_error err = {0};
     size_t n0 = got.n;
-    CHECK(chat_render_turn(t, CHAT_TEMPLATE_K3, "us\"er", "x", 1, &got, err, sizeof err) == CHAT_EINPUT &&
-              strstr(err, "role"), "bad role accepted: %s", err);
-    CHECK(chat_render_turn(t, CHAT_TEMPLATE_K3, "", "x", 1, &got, err, sizeof err) == CHAT_EINPUT, "empty role");
-    CHECK(chat_render_turn(t, CHAT_TEMPLATE_K3, "user", "ab\xC0\xAF", 4, &got, err, sizeof err) == CHAT_EINPUT &&
-              strstr(err, "offset 2"), "invalid UTF-8: %s", err);
-    CHECK(chat_render_turn(t, CHAT_TEMPLATE_AUTO, "user", "x", 1, &got, err, sizeof err) == CHAT_EINPUT,
+    CHECK(chat_render_turn(t, CHAT_TEMPLATE_K3, "us\"er", "x", 1, &got, ERRP) == -1 &&
+              strstr(err.msg, "role"), "bad role accepted: %s", err.msg);
+    CHECK(chat_render_turn(t, CHAT_TEMPLATE_K3, "", "x", 1, &got, ERRP) == -1, "empty role");
+    CHECK(chat_render_turn(t, CHAT_TEMPLATE_K3, "user", "ab\xC0\xAF", 4, &got, ERRP) == -1 &&
+              strstr(err.msg, "offset 2") && err.kind == K3_EINPUT, "invalid UTF-8: %s", err.msg);
+    CHECK(chat_render_turn(t, CHAT_TEMPLATE_AUTO, "user", "x", 1, &got, ERRP) == -1,
           "AUTO must be resolved first");
     CHECK(got.n == n0, "a refused render changed the buffer");
     /* stop ids by name */
     int32_t *st = NULL;
     size_t ns = 0;
-    CHECK(chat_stop_ids(t, CHAT_TEMPLATE_K3, NULL, 0, &st, &ns, err, sizeof err) == 0 && ns == 2 && st[0] == 510 &&
+    CHECK(chat_stop_ids(t, CHAT_TEMPLATE_K3, NULL, 0, &st, &ns, ERRP) == 0 && ns == 2 && st[0] == 510 &&
               st[1] == 509, "K3 stop ids");
     free(st);
     int32_t extra[3] = {509, 7, 7};
-    CHECK(chat_stop_ids(t, CHAT_TEMPLATE_K3, extra, 3, &st, &ns, err, sizeof err) == 0 && ns == 3 && st[2] == 7,
+    CHECK(chat_stop_ids(t, CHAT_TEMPLATE_K3, extra, 3, &st, &ns, ERRP) == 0 && ns == 3 && st[2] == 7,
           "extra stop ids");
     free(st);
     int32_t out_of_range = 764;
-    CHECK(chat_stop_ids(t, CHAT_TEMPLATE_K3, &out_of_range, 1, &st, &ns, err, sizeof err) == CHAT_EINPUT &&
-              strstr(err, "764") && st == NULL, "stop id 764 accepted");
+    CHECK(chat_stop_ids(t, CHAT_TEMPLATE_K3, &out_of_range, 1, &st, &ns, ERRP) == -1 &&
+              strstr(err.msg, "764") && st == NULL, "stop id 764 accepted");
     CHECK(chat_end_id(t, CHAT_TEMPLATE_K3) == EOM, "end id");
     chat_template tp;
-    CHECK(chat_template_resolve(t, CHAT_TEMPLATE_K2, &tp, err, sizeof err) == CHAT_EINPUT &&
-              strstr(err, "<|im_user|>"), "K2 on a K3 tokenizer: %s", err);
+    CHECK(chat_template_resolve(t, CHAT_TEMPLATE_K2, &tp, ERRP) == -1 &&
+              strstr(err.msg, "<|im_user|>"), "K2 on a K3 tokenizer: %s", err.msg);
     CHECK(chat_default_system(CHAT_TEMPLATE_K3) == NULL, "K3 has no default system text");
     chat_ids_free(&a);
     chat_ids_free(&b);
@@ -636,7 +645,8 @@ static void test_k2_template(void) {
                                        "5:<|sep|>", "6:<|im_end|>", "7:<|im_user|>", "8:<|im_assistant|>",
                                        "10:<|im_system|>", "17:<|im_middle|>", NULL};
     static const char *const none[] = {"0:[BOS]", "1:[EOS]", NULL};
-    char d1[600], d2[600], d3[600], err[256];
+    char d1[600], d2[600], d3[600];
+    k3_error err = {0};
     make_tok_dir("k2", k2, d1, sizeof d1);
     make_tok_dir("both", both, d2, sizeof d2);
     make_tok_dir("none", none, d3, sizeof d3);
@@ -644,12 +654,12 @@ static void test_k2_template(void) {
     chat_template tp;
     CHECK(chat_template_detect(t) == CHAT_TEMPLATE_K2, "K2 tokenizer not detected");
     CHECK(chat_template_detect(tb) == CHAT_TEMPLATE_K3, "K3 must win when both exist");
-    CHECK(chat_template_resolve(tb, CHAT_TEMPLATE_K2, &tp, err, sizeof err) == 0 && tp == CHAT_TEMPLATE_K2,
-          "explicit K2 on a tokenizer with both: %s", err);
+    CHECK(chat_template_resolve(tb, CHAT_TEMPLATE_K2, &tp, ERRP) == 0 && tp == CHAT_TEMPLATE_K2,
+          "explicit K2 on a tokenizer with both: %s", err.msg);
     CHECK(chat_template_detect(tn) == CHAT_TEMPLATE_AUTO &&
-              chat_template_resolve(tn, CHAT_TEMPLATE_AUTO, &tp, err, sizeof err) == CHAT_EINPUT &&
-              strstr(err, "<|open|>") && strstr(err, "<|im_user|>"),
-          "no template: %s", err);
+              chat_template_resolve(tn, CHAT_TEMPLATE_AUTO, &tp, ERRP) == -1 &&
+              strstr(err.msg, "<|open|>") && strstr(err.msg, "<|im_user|>"),
+          "no template: %s", err.msg);
     int32_t END = tokenizer_special_id(t, "<|im_end|>");
     CHECK(END == 510, "K2 <|im_end|> id %d", END);
 
@@ -703,7 +713,7 @@ static void test_k2_template(void) {
     CHECK(ids_eq(&a, &b), "K2 tool message");
     int32_t *st = NULL;
     size_t ns = 0;
-    CHECK(chat_stop_ids(t, CHAT_TEMPLATE_K2, NULL, 0, &st, &ns, err, sizeof err) == 0 && ns == 2 && st[0] == END &&
+    CHECK(chat_stop_ids(t, CHAT_TEMPLATE_K2, NULL, 0, &st, &ns, ERRP) == 0 && ns == 2 && st[0] == END &&
               st[1] == 509, "K2 stop ids");
     free(st);
     /* K2 names in the same tokenizer as K3 ones: explicit choice */
@@ -720,10 +730,10 @@ static void test_k2_template(void) {
     tokenizer_free(tb);
     tokenizer_free(tn);
     chat_template pt;
-    CHECK(chat_template_parse("k3", &pt, err, sizeof err) == 0 && pt == CHAT_TEMPLATE_K3, "parse k3");
-    CHECK(chat_template_parse("k2", &pt, err, sizeof err) == 0 && pt == CHAT_TEMPLATE_K2, "parse k2");
-    CHECK(chat_template_parse("auto", &pt, err, sizeof err) == 0 && pt == CHAT_TEMPLATE_AUTO, "parse auto");
-    CHECK(chat_template_parse("chatml", &pt, err, sizeof err) == -1 && strstr(err, "chatml"), "parse chatml");
+    CHECK(chat_template_parse("k3", &pt, ERRP) == 0 && pt == CHAT_TEMPLATE_K3, "parse k3");
+    CHECK(chat_template_parse("k2", &pt, ERRP) == 0 && pt == CHAT_TEMPLATE_K2, "parse k2");
+    CHECK(chat_template_parse("auto", &pt, ERRP) == 0 && pt == CHAT_TEMPLATE_AUTO, "parse auto");
+    CHECK(chat_template_parse("chatml", &pt, ERRP) == -1 && strstr(err.msg, "chatml"), "parse chatml");
 }
 
 /* ------------------------------------------------------------------ sessions on m13 */
@@ -784,20 +794,21 @@ static char *stream_text(const tokenizer *t, const int32_t *ids, size_t n) {
 
 static chat_session *session(test_engine *te, const chat_options *o) {
     chat_session *s = NULL;
-    char err[512];
-    if (chat_session_create(&s, &te->en, te->tok, o, err, sizeof err)) die(err);
+    k3_error err = {0};
+    if (chat_session_create(&s, &te->en, te->tok, o, ERRP)) die(err.msg);
     return s;
 }
 
 /* Runs one turn, returns the printed reply (malloc'd). */
 static char *turn(chat_session *s, const char *text, chat_turn_stats *ts) {
-    char *buf = NULL, err[512];
+    char *buf = NULL;
+    k3_error err = {0};
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
     if (!f) die("open_memstream");
-    int rc = chat_session_turn(s, text, strlen(text), f, ts, err, sizeof err);
+    int rc = chat_session_turn(s, text, strlen(text), f, ts, ERRP);
     fclose(f);
-    if (rc) die(err);
+    if (rc) die(err.msg);
     return buf;
 }
 
@@ -863,8 +874,8 @@ static void test_sessions(test_engine *te) {
     CHECK(bad == 0, "%d generated ids differ from a recompute from scratch", bad);
 
     /* reset repeats turn 1 */
-    char err[512];
-    CHECK(chat_session_reset(s, err, sizeof err) == 0, "%s", err);
+    k3_error err = {0};
+    CHECK(chat_session_reset(s, ERRP) == 0, "%s", err.msg);
     tr = chat_session_transcript(s, &n, &fed);
     CHECK(n == sys.n && fed == 0, "reset: transcript %zu fed %zu", n, fed);
     chat_turn_stats t3;
@@ -885,7 +896,7 @@ static void test_sessions(test_engine *te) {
     CHECK(n == 0, "system \"\" means none (%zu ids pending)", n);
     char *a1 = turn(s, "Tell me a story", &t1);
     char *a2 = turn(s, "More", &t2);
-    CHECK(chat_session_reset(s, err, sizeof err) == 0, "%s", err);
+    CHECK(chat_session_reset(s, ERRP) == 0, "%s", err.msg);
     char *a3 = turn(s, "Tell me a story", &t3);
     CHECK(!strcmp(a1, a3), "sampled reply after reset differs");
     chat_session_free(s);
@@ -948,31 +959,31 @@ static void test_sessions(test_engine *te) {
     o.max_tokens = 4;
     o.max_context = gm.n + 4; /* one short of message + reply + closing id */
     s = session(te, &o);
-    CHECK(chat_session_turn(s, "Count with me", 13, NULL, &t2, err, sizeof err) == CHAT_EINPUT &&
-              strstr(err, "context full"), "context limit: %s", err);
+    CHECK(chat_session_turn(s, "Count with me", 13, NULL, &t2, ERRP) == -1 &&
+              strstr(err.msg, "context full"), "context limit: %s", err.msg);
     tr = chat_session_transcript(s, &n, &fed);
     CHECK(n == 0 && fed == 0, "a refused turn changed the session");
-    CHECK(chat_session_turn(s, "\xff", 1, NULL, &t2, err, sizeof err) == CHAT_EINPUT && strstr(err, "UTF-8"),
-          "invalid UTF-8 turn: %s", err);
+    CHECK(chat_session_turn(s, "\xff", 1, NULL, &t2, ERRP) == -1 && strstr(err.msg, "UTF-8"),
+          "invalid UTF-8 turn: %s", err.msg);
     chat_session_free(s);
     /* refused options */
     chat_options_default(&o);
     o.tmpl = CHAT_TEMPLATE_K2;
-    CHECK(chat_session_create(&s, &te->en, t, &o, err, sizeof err) == CHAT_EINPUT && !s && strstr(err, "<|im_user|>"),
-          "K2 session on m13: %s", err);
+    CHECK(chat_session_create(&s, &te->en, t, &o, ERRP) == -1 && !s && strstr(err.msg, "<|im_user|>"),
+          "K2 session on m13: %s", err.msg);
     chat_options_default(&o);
     o.sampling.top_p = 0;
-    CHECK(chat_session_create(&s, &te->en, t, &o, err, sizeof err) == CHAT_EINPUT && strstr(err, "top-p"),
-          "bad top-p: %s", err);
+    CHECK(chat_session_create(&s, &te->en, t, &o, ERRP) == -1 && strstr(err.msg, "top-p"),
+          "bad top-p: %s", err.msg);
     chat_options_default(&o);
     o.max_tokens = 0;
-    CHECK(chat_session_create(&s, &te->en, t, &o, err, sizeof err) == CHAT_EINPUT, "max_tokens 0");
+    CHECK(chat_session_create(&s, &te->en, t, &o, ERRP) == -1, "max_tokens 0");
     chat_options_default(&o);
     int32_t big = 900;
     o.stop_ids = &big;
     o.n_stop_ids = 1;
-    CHECK(chat_session_create(&s, &te->en, t, &o, err, sizeof err) == CHAT_EINPUT && strstr(err, "900"),
-          "stop id 900: %s", err);
+    CHECK(chat_session_create(&s, &te->en, t, &o, ERRP) == -1 && strstr(err.msg, "900"),
+          "stop id 900: %s", err.msg);
     chat_ids_free(&sys);
     chat_ids_free(&msg);
     chat_ids_free(&msg2);
@@ -1043,7 +1054,7 @@ static int repl_main(int argc, char **argv) {
     chat_options_default(&o);
     int32_t stops[64];
     size_t nstops = 0;
-    char err[256];
+    k3_error err = {0};
     for (int i = 3; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--no-thinking")) o.thinking = 0;
@@ -1051,12 +1062,12 @@ static int repl_main(int argc, char **argv) {
         else if (!v) die("option without a value");
         else if (!strcmp(a, "--system")) o.system = v, i++;
         else if (!strcmp(a, "--template")) {
-            if (chat_template_parse(v, &o.tmpl, err, sizeof err)) die(err);
+            if (chat_template_parse(v, &o.tmpl, ERRP)) die(err.msg);
             i++;
         } else if (!strcmp(a, "--max-tokens")) o.max_tokens = (size_t)atol(v), i++;
         else if (!strcmp(a, "--stop-id") && nstops < 64) stops[nstops++] = (int32_t)atol(v), i++;
         else {
-            if (sampler_parse_flag(&o.sampling, a, v, err, sizeof err)) die(err);
+            if (sampler_parse_flag(&o.sampling, a, v, ERRP)) die(err.msg);
             i++;
         }
     }

@@ -530,6 +530,25 @@ static void test_check_scales(tstate *ts) {
     CHECK(ts, mxfp4_check_scales(&W, &bad) == -1 && bad == 4, "mxfp4_check_scales: 255 in last row (bad=%zu)", bad);
 }
 
+/* A weight breaking its invariant (cols % 32, dtype; refused at load) gives NaN, never an abort. */
+static void test_broken_weight_is_nan(tstate *ts) {
+    uint8_t packed[3 * 24] = {0}, scales[3 * 2];
+    memset(scales, 127, sizeof scales);
+    float x[2 * 48], y[2 * 3];
+    for (size_t i = 0; i < 2 * 48; i++) x[i] = 1.0f;
+    mxfp4_weight W = {3, 48, packed, scales};
+    matmul_mxfp4(ts->levels[0], &W, x, 2, y);
+    int nan = 1;
+    for (int i = 0; i < 6; i++) nan &= isnan(y[i]) != 0;
+    CHECK(ts, nan, "matmul_mxfp4 with cols 48 must give NaN");
+    float wd[3 * 48] = {0};
+    dense_weight D = {.dtype = (dense_dtype)7, .rows = 3, .cols = 48, .data = wd};
+    matmul_dense(ts->levels[0], &D, x, 2, y);
+    nan = 1;
+    for (int i = 0; i < 6; i++) nan &= isnan(y[i]) != 0;
+    CHECK(ts, nan, "matmul_dense with an unknown dtype must give NaN");
+}
+
 static void test_api(tstate *ts) {
     simd_level l = SIMD_SCALAR;
     CHECK(ts, simd_level_parse("auto", &l) == 0 && l == SIMD_AUTO, "parse auto");
@@ -573,6 +592,7 @@ int main(void) {
     test_mxfp4_nibble_order(&ts);
     test_mxfp4_scale_extremes(&ts);
     test_check_scales(&ts);
+    test_broken_weight_is_nan(&ts);
     test_dense(&ts, DTYPE_F32);
     test_dense(&ts, DTYPE_BF16);
     test_mxfp4_sizes(&ts);

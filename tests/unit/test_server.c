@@ -17,17 +17,17 @@
 static tokenizer *tok;
 
 static char *decode(const chat_ids *v) {
-    char *s = NULL, e[128];
+    char *s = NULL;
     size_t n;
-    if (tokenizer_decode(tok, v->ids, v->n, &s, &n, e, sizeof e)) return NULL;
+    if (tokenizer_decode(tok, v->ids, v->n, &s, &n, NULL)) return NULL;
     return s;
 }
 
 static int render(const char *messages_json, const xtml_options *o, chat_ids *out, char *param) {
     json_t *m = json_loads(messages_json, 0, NULL);
-    char err[512];
-    int rc = xtml_render_chat(tok, CHAT_TEMPLATE_K3, m, o, out, err, sizeof err, param, 128);
-    if (rc) printf("render: %s (%s)\n", err, param);
+    k3_error err = {0};
+    int rc = xtml_render_chat(tok, CHAT_TEMPLATE_K3, m, o, out, &err, param, 128);
+    if (rc) printf("render: %s (%s)\n", err.msg, param);
     json_decref(m);
     return rc;
 }
@@ -93,15 +93,14 @@ static void test_spec_rendering(void) {
     /* attributes are separate segments: ` role` `="` `user` `"` each encoded alone */
     int32_t *a = NULL, *b = NULL;
     size_t na = 0, nb = 0;
-    char e[64];
-    tokenizer_encode(tok, " role", 5, 0, &a, &na, e, sizeof e);
-    tokenizer_encode(tok, "user", 4, 0, &b, &nb, e, sizeof e);
+    tokenizer_encode(tok, " role", 5, 0, &a, &na, NULL);
+    tokenizer_encode(tok, "user", 4, 0, &b, &nb, NULL);
     chat_ids pat = {0};
     chat_ids_append(&pat, a, na);
     int32_t q[8];
     int32_t *qi = NULL;
     size_t nq = 0;
-    tokenizer_encode(tok, "=\"", 2, 0, &qi, &nq, e, sizeof e);
+    tokenizer_encode(tok, "=\"", 2, 0, &qi, &nq, NULL);
     chat_ids_append(&pat, qi, nq);
     chat_ids_append(&pat, b, nb);
     (void)q;
@@ -212,9 +211,8 @@ static void test_marker_text_is_content(void) {
     chat_parser_init(&p, tok, CHAT_TEMPLATE_K3, 0);
     int32_t *ids = NULL;
     size_t n = 0;
-    char e[64];
     const char *t = "a<|close|>response<|sep|>b";
-    tokenizer_encode(tok, t, strlen(t), 0, &ids, &n, e, sizeof e);
+    tokenizer_encode(tok, t, strlen(t), 0, &ids, &n, NULL);
     for (size_t i = 0; i < n; i++) chat_parser_feed(&p, ids[i]);
     chat_parser_finish(&p);
     CHECK(p.content.p && !strcmp(p.content.p, t), "marker text stays content: '%s'", p.content.p);
@@ -261,10 +259,10 @@ static void test_api_refusals(void) {
 }
 
 int main(void) {
-    char err[256];
-    tok = tokenizer_load("tests/models/m13", err, sizeof err);
+    k3_error err = {0};
+    tok = tokenizer_load("tests/models/m13", &err);
     if (!tok) {
-        printf("cannot load the m13 tokenizer: %s\n", err);
+        printf("cannot load the m13 tokenizer: %s\n", err.msg);
         return 1;
     }
     test_spec_rendering();

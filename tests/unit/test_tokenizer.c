@@ -26,6 +26,9 @@
 #include <time.h>
 #include <unistd.h>
 
+/* a cleared k3_error for the next call (the first failure wins, so each call gets a fresh one) */
+#define ERRP (k3_error_clear(&err), &err)
+
 static int failures;
 
 #define CHECK(cond, ...)                                                        \
@@ -245,9 +248,9 @@ static void test_split(void)
     for (size_t i = 0; i < sizeof split_cases / sizeof split_cases[0]; i++) {
         const char *t = split_cases[i].text;
         size_t *ends, n;
-        char err[128];
-        int rc = tokenizer_pretokenize(t, strlen(t), &ends, &n, err, sizeof err);
-        CHECK(rc == TOK_OK, "case %zu: %s", i, err);
+        k3_error err = {0};
+        int rc = tokenizer_pretokenize(t, strlen(t), &ends, &n, ERRP);
+        CHECK(rc == 0, "case %zu: %s", i, err.msg);
         if (rc) continue;
         size_t want = 0;
         while (split_cases[i].pieces[want]) want++;
@@ -272,10 +275,10 @@ static const char *const bpe_toks[] = { "bc", "ab", "cd", "abcd", "aa", "aaaa", 
 
 static tokenizer *load_or_die(const char *dir)
 {
-    char err[512];
-    tokenizer *t = tokenizer_load(dir, err, sizeof err);
+    k3_error err = {0};
+    tokenizer *t = tokenizer_load(dir, ERRP);
     if (!t) {
-        fprintf(stderr, "load %s: %s\n", dir, err);
+        fprintf(stderr, "load %s: %s\n", dir, err.msg);
         die("cannot load test tokenizer");
     }
     return t;
@@ -286,8 +289,8 @@ static void check_bpe(const tokenizer *t, const char *piece, int method, const i
     int32_t *ids;
     size_t n;
     int rc = tokenizer_bpe_piece(t, piece, strlen(piece), method, &ids, &n);
-    CHECK(rc == TOK_OK && ids_eq(ids, n, want, nwant), "bpe(\"%s\", method %d)", piece, method);
-    if (rc == TOK_OK && !ids_eq(ids, n, want, nwant)) {
+    CHECK(rc == 0 && ids_eq(ids, n, want, nwant), "bpe(\"%s\", method %d)", piece, method);
+    if (rc == 0 && !ids_eq(ids, n, want, nwant)) {
         print_ids("got", ids, n);
         print_ids("want", want, nwant);
     }
@@ -384,7 +387,7 @@ static void test_bpe(void)
         for (int m = 1; m <= 2; m++) {
             int32_t *ids;
             size_t n;
-            if (tokenizer_bpe_piece(t, piece, len, m, &ids, &n) != TOK_OK) die("bpe");
+            if (tokenizer_bpe_piece(t, piece, len, m, &ids, &n) != 0) die("bpe");
             if (!ids_eq(ids, n, want, nw) && bad++ < 3) fprintf(stderr, "  bpe mismatch method %d: %s\n", m, piece);
             free(ids);
         }
@@ -412,9 +415,9 @@ static void make_special_vocab(void)
 
 static void enc(const tokenizer *t, const char *s, size_t len, int sp, int32_t **ids, size_t *n)
 {
-    char err[256];
-    if (tokenizer_encode(t, s, len, sp, ids, n, err, sizeof err) != TOK_OK) {
-        fprintf(stderr, "encode: %s\n", err);
+    k3_error err = {0};
+    if (tokenizer_encode(t, s, len, sp, ids, n, ERRP) != 0) {
+        fprintf(stderr, "encode: %s\n", err.msg);
         die("encode failed");
     }
 }
@@ -431,7 +434,7 @@ static void check_enc(const tokenizer *t, const char *s, int sp, const int32_t *
     }
     char *out;
     size_t olen;
-    CHECK(tokenizer_decode(t, ids, n, &out, &olen, NULL, 0) == TOK_OK && olen == strlen(s) &&
+    CHECK(tokenizer_decode(t, ids, n, &out, &olen, NULL) == 0 && olen == strlen(s) &&
           memcmp(out, s, olen) == 0, "round trip \"%s\"", s);
     free(out);
     free(ids);
@@ -479,13 +482,14 @@ static void test_specials(void)
     CHECK(n == 0 && ids != NULL, "empty");
     free(ids);
     /* decode of specials, out of range ids */
-    char *out, err[256];
-    CHECK(tokenizer_decode(t, (const int32_t[]){ B + 3, 'h', 'i', B + 255 }, 4, &out, &len, err, sizeof err) == TOK_OK &&
+    char *out;
+    k3_error err = {0};
+    CHECK(tokenizer_decode(t, (const int32_t[]){ B + 3, 'h', 'i', B + 255 }, 4, &out, &len, ERRP) == 0 &&
           len == 15 && !strcmp(out, "<|open|>hi[PAD]"), "decode specials");
     free(out);
-    CHECK(tokenizer_decode(t, (const int32_t[]){ 'a', B + 256 }, 2, &out, &len, err, sizeof err) == TOK_EINPUT &&
-          strstr(err, "position 1"), "decode out of range: %s", err);
-    CHECK(tokenizer_decode(t, (const int32_t[]){ -5 }, 1, &out, &len, err, sizeof err) == TOK_EINPUT, "negative id");
+    CHECK(tokenizer_decode(t, (const int32_t[]){ 'a', B + 256 }, 2, &out, &len, ERRP) == -1 &&
+          strstr(err.msg, "position 1"), "decode out of range: %s", err.msg);
+    CHECK(tokenizer_decode(t, (const int32_t[]){ -5 }, 1, &out, &len, ERRP) == -1, "negative id");
     tokenizer_free(t);
 }
 
@@ -594,10 +598,11 @@ static void test_invalid_utf8(void)
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         int32_t *ids = (int32_t *)1;
         size_t n = 99;
-        char err[256] = "", want[64];
-        int rc = tokenizer_encode(t, cases[i].s, cases[i].len, 1, &ids, &n, err, sizeof err);
+        char want[64];
+        k3_error err = {0};
+        int rc = tokenizer_encode(t, cases[i].s, cases[i].len, 1, &ids, &n, ERRP);
         snprintf(want, sizeof want, "byte offset %zu ", cases[i].off);
-        CHECK(rc == TOK_EINPUT && ids == NULL && n == 0 && strstr(err, want), "case %zu: rc %d err \"%s\"", i, rc, err);
+        CHECK(rc == -1 && ids == NULL && n == 0 && strstr(err.msg, want), "case %zu: rc %d err \"%s\"", i, rc, err.msg);
         CHECK(utf8_valid_prefix(cases[i].s, cases[i].len) == cases[i].off, "valid prefix %zu", i);
     }
     /* valid edge cases */
@@ -607,7 +612,7 @@ static void test_invalid_utf8(void)
         CHECK(utf8_valid_prefix(ok[i], strlen(ok[i])) == strlen(ok[i]), "valid %zu", i);
     int32_t *ids;
     size_t n;
-    CHECK(tokenizer_encode(t, "a\0b", 3, 1, &ids, &n, NULL, 0) == TOK_OK && n == 3 && ids[1] == 0, "NUL byte");
+    CHECK(tokenizer_encode(t, "a\0b", 3, 1, &ids, &n, NULL) == 0 && n == 3 && ids[1] == 0, "NUL byte");
     free(ids);
     tokenizer_free(t);
 }
@@ -684,7 +689,8 @@ static void test_stream(void)
 
 static void expect_load_error(const char *model, const char *config, const char *want1, const char *want2)
 {
-    char dir[600], path[700], err[512] = "";
+    char dir[600], path[700];
+    k3_error err = {0};
     path_in(dir, sizeof dir, "bad");
     mkdir(dir, 0700);
     snprintf(path, sizeof path, "%s/tiktoken.model", dir);
@@ -693,9 +699,9 @@ static void expect_load_error(const char *model, const char *config, const char 
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     if (config) write_file(path, config, strlen(config));
     else unlink(path);
-    tokenizer *t = tokenizer_load(dir, err, sizeof err);
-    CHECK(!t && strstr(err, want1) && (!want2 || strstr(err, want2)), "want \"%s\" / \"%s\", got \"%s\"", want1,
-          want2 ? want2 : "", err);
+    tokenizer *t = tokenizer_load(dir, ERRP);
+    CHECK(!t && strstr(err.msg, want1) && (!want2 || strstr(err.msg, want2)), "want \"%s\" / \"%s\", got \"%s\"", want1,
+          want2 ? want2 : "", err.msg);
     tokenizer_free(t);
 }
 
@@ -714,11 +720,11 @@ static char *good_model(const char *extra)
 static void test_corrupt(void)
 {
     const char *cfg = "{\"added_tokens_decoder\": {}}";
-    char err[512];
+    k3_error err = {0};
     char missing[600];
     path_in(missing, sizeof missing, "no-such-dir");
-    tokenizer *t = tokenizer_load(missing, err, sizeof err);
-    CHECK(!t && strstr(err, "tiktoken.model") && strstr(err, "cannot open"), "%s", err);
+    tokenizer *t = tokenizer_load(missing, ERRP);
+    CHECK(!t && strstr(err.msg, "tiktoken.model") && strstr(err.msg, "cannot open"), "%s", err.msg);
     char *m;
     m = good_model("YWI= 256\nYWJj\n");
     expect_load_error(m, cfg, "tiktoken.model:258: corrupt line", NULL);
@@ -764,9 +770,9 @@ static void test_corrupt(void)
     snprintf(path, sizeof path, "%s/tokenizer_config.json", dir);
     const char *c2 = "{\"added_tokens_decoder\": {\"515\": {\"content\": \"[X]\"}}}";
     write_file(path, c2, strlen(c2));
-    t = tokenizer_load(dir, err, sizeof err);
+    t = tokenizer_load(dir, ERRP);
     CHECK(t && tokenizer_n_base(t) == 258 && tokenizer_n_special(t) == 258 && tokenizer_special_id(t, "[X]") == 515,
-          "crlf / 258 specials: %s", t ? "" : err);
+          "crlf / 258 specials: %s", t ? "" : err.msg);
     tokenizer_free(t);
     free(m);
 }
@@ -834,7 +840,7 @@ static void test_cli(void)
     free(out);
     CHECK(run_cmd(special_dir, in, in, 0, &out, &olen) == 2, "usage both");
     free(out);
-    CHECK(run_cmd(missing, in, NULL, 0, &out, &olen) == 1, "bad tokenizer dir");
+    CHECK(run_cmd(missing, in, NULL, 0, &out, &olen) == 2, "bad tokenizer dir (a refused input, like the model path)");
     free(out);
 }
 
@@ -842,10 +848,10 @@ static void test_cli(void)
 
 static int corpus_mode(const char *dir, const char *corpus, const char *outpath)
 {
-    char err[512];
-    tokenizer *t = tokenizer_load(dir, err, sizeof err);
+    k3_error err = {0};
+    tokenizer *t = tokenizer_load(dir, ERRP);
     if (!t) {
-        fprintf(stderr, "%s\n", err);
+        fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
     size_t len;
@@ -871,8 +877,8 @@ static int corpus_mode(const char *dir, const char *corpus, const char *outpath)
         const char *text = buf + pos + hl + 1;
         int32_t *ids;
         size_t n;
-        if (tokenizer_encode(t, text, nb, sp, &ids, &n, err, sizeof err) != TOK_OK) {
-            fprintf(stderr, "%s: %s\n", name, err);
+        if (tokenizer_encode(t, text, nb, sp, &ids, &n, ERRP) != 0) {
+            fprintf(stderr, "%s: %s\n", name, err.msg);
             rc = 1;
             break;
         }
@@ -880,7 +886,7 @@ static int corpus_mode(const char *dir, const char *corpus, const char *outpath)
         fputc('\n', o);
         char *dec;
         size_t dl;
-        if (tokenizer_decode(t, ids, n, &dec, &dl, err, sizeof err) != TOK_OK || dl != nb || memcmp(dec, text, nb)) {
+        if (tokenizer_decode(t, ids, n, &dec, &dl, ERRP) != 0 || dl != nb || memcmp(dec, text, nb)) {
             if (rt_bad++ < 5) fprintf(stderr, "round trip failed: %s\n", name);
         }
         free(dec);
@@ -912,11 +918,11 @@ static double cpu_s(void)
 
 static int bench_mode(const char *dir, const char *file, double seconds)
 {
-    char err[512];
+    k3_error err = {0};
     double t0 = now_s();
-    tokenizer *t = tokenizer_load(dir, err, sizeof err);
+    tokenizer *t = tokenizer_load(dir, ERRP);
     if (!t) {
-        fprintf(stderr, "%s\n", err);
+        fprintf(stderr, "%s\n", err.msg);
         return 1;
     }
     double load = now_s() - t0;
@@ -932,8 +938,8 @@ static int bench_mode(const char *dir, const char *file, double seconds)
     do {
         int32_t *ids;
         size_t n;
-        if (tokenizer_encode(t, buf, len, 1, &ids, &n, err, sizeof err) != TOK_OK) {
-            fprintf(stderr, "%s\n", err);
+        if (tokenizer_encode(t, buf, len, 1, &ids, &n, ERRP) != 0) {
+            fprintf(stderr, "%s\n", err.msg);
             return 1;
         }
         ntok = n;

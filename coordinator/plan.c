@@ -1,5 +1,7 @@
 /* plan.c - the memory plan (see plan.h). */
 #include "coordinator/plan.h"
+#include "coordinator/forward.h"
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -97,12 +99,12 @@ int plan_make(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t budge
     p->small_bytes = small_bytes_of(c, lay);
     ls_layout_free(&own);
     if (rc) return -1;
-    uint64_t E = (uint64_t)c->hidden_size, H = (uint64_t)c->kda_num_heads, D = (uint64_t)c->kda_head_dim, P = H * D;
+    uint64_t H = (uint64_t)c->kda_num_heads, D = (uint64_t)c->kda_head_dim, P = H * D;
     uint64_t K = (uint64_t)c->short_conv_kernel_size, N = (uint64_t)c->num_experts, k = (uint64_t)c->num_experts_per_token;
     uint64_t L = (uint64_t)c->routed_expert_hidden_size, I = (uint64_t)c->moe_intermediate_size;
-    uint64_t Ish = I * (uint64_t)c->num_shared_experts, Id = (uint64_t)c->intermediate_size, V = (uint64_t)c->vocab_size;
-    uint64_t Hm = (uint64_t)c->num_attention_heads, qr = (uint64_t)c->q_lora_rank, kr = (uint64_t)c->kv_lora_rank;
-    uint64_t rope = (uint64_t)c->qk_rope_head_dim, qh = (uint64_t)c->qk_nope_head_dim + rope, vd = (uint64_t)c->v_head_dim;
+    uint64_t V = (uint64_t)c->vocab_size;
+    uint64_t kr = (uint64_t)c->kv_lora_rank;
+    uint64_t rope = (uint64_t)c->qk_rope_head_dim;
     uint64_t layers = (uint64_t)c->num_hidden_layers, n_mla = 0, n_moe = 0, Tn = (uint64_t)T;
     for (int l = 0; l < c->num_hidden_layers; l++) { n_mla += c->layer_is_mla[l]; n_moe += c->layer_is_moe[l]; }
     uint64_t n_kda = layers - n_mla;
@@ -112,14 +114,10 @@ int plan_make(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t budge
     uint64_t cap = 64;
     while (cap < ctx) cap *= 2;
     p->state_bytes = n_kda * (H * D * D + 3 * (K - 1) * P) * 4 + n_mla * cap * (kr + rope) * 4;
-    uint64_t maxb = (uint64_t)config_max_blocks(c);
-    uint64_t fwd = Tn * E * 4 * (4 + maxb);
-    uint64_t kda = Tn * 4 * (7 * P + D + H) + (K - 1 + Tn) * P * 4;
-    uint64_t mla = Tn * 4 * (qr + Hm * qh + kr + rope + 2 * Hm * vd) + 64 * (2 * kr + cap) * 8;
-    uint64_t moe = Tn * 4 * (N + 2 * L + k * L + E + 2 * Ish) + Tn * k * 24 + (W == 0 ? Tn * k * 4 * (2 * L + 2 * I) : 0);
-    uint64_t mlp = Tn * 4 * 2 * Id;
-    uint64_t lm = Tn * V * 4 * 2 + Tn * p->lm_chunk_rows * 4;
-    p->scratch_bytes = fwd + (kda > mla ? kda : mla) + (moe > mlp ? moe : mlp) + lm;
+    /* the engine's arena, from the layout code that carves it (forward_scratch_bytes), plus
+     * two rows of logits per chunk token (the generator's) and, in-process, the expert batch */
+    p->scratch_bytes = forward_scratch_bytes(c, (size_t)T, (size_t)ctx, omp_get_max_threads(), p->lm_chunk_rows) +
+                       Tn * V * 4 * 2 + (W == 0 ? Tn * k * 4 * (2 * L + 2 * I) : 0);
     uint64_t pairs = Tn * k;
     uint64_t ring_one = 2 * (RU(256 + 12 * pairs) + RU(Tn * L * 4) + RU(pairs * L * 4) + 256) + PAGE;
     p->ring_bytes = W ? (uint64_t)W * ring_one * 2 : 0; /* mapped by both sides: counted twice */

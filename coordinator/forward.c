@@ -194,6 +194,7 @@ static int forward_walk(engine *en, trunk_pass *tp, forward_seq *seqs, size_t n_
 int forward_batch(engine *en, forward_seq *seqs, size_t n_seqs, k3_error *err) {
     if (n_seqs == 0) return 0;
     if (!en->arena.base) return k3_fail(err, "forward: the engine was not initialised (engine_init)");
+    if (en->on_pass) en->on_pass(en->on_pass_ctx);
     trunk_pass tp;
     trunk_pass_begin(en->trunk, &tp);
     size_t mark = en->arena.used;

@@ -38,6 +38,10 @@ typedef struct {
     int nthreads;
     scratch arena;
     uint64_t passes;          /* forward calls made (each walks the whole trunk once) */
+    /* optional: called at the start of every pass (re-binds the OpenMP threads to their
+     * NUMA nodes: a pass may run on a thread team that was created after the first binding) */
+    void (*on_pass)(void *ctx);
+    void *on_pass_ctx;
 } engine;
 
 typedef struct {

@@ -497,6 +497,12 @@ static int start_backend(const options *o, k3_model *m, const kernels *k, int th
     return workers_pool_create(eb, m, &po, err);
 }
 
+/* engine.on_pass: every pass starts with the coordinator's threads on their nodes. */
+static void rebind_threads(void *ctx) {
+    k3_error e = {0};
+    if (numa_place_threads(ctx, &e)) fprintf(stderr, "k3: %s\n", e.msg);
+}
+
 /* The budget asked for: --mem-gb, --preset, or the auto preset. 0 = everything resident. */
 static int budget_bytes(const options *o, uint64_t *bytes) {
     if (o->mem_gb > 0) { *bytes = (uint64_t)(o->mem_gb * 1024.0 * 1024.0 * 1024.0); return 0; }
@@ -787,6 +793,7 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     ri.plan = &plan;
     ri.trunk = tr;
     en = (engine){.model = &m, .trunk = tr, .k = k, .experts = &eb};
+    if (pl.bound) { en.on_pass = rebind_threads; en.on_pass_ctx = &pl; }
     if (engine_init(&en, (size_t)o.chunk, ctx, ri.threads, &err)) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
     if (o.state_dir || o.chat) { /* prefix snapshots: in memory within the plan, on disk with --state-dir */
         snap_options so = {.cfg = &m.cfg, .fp = &fp, .mem_cap = o.chat ? plan.snapshot_bytes : 0, .dir = o.state_dir,

@@ -271,13 +271,13 @@ int main(int argc, char **argv) {
     const size_t ncopies = 16; /* 16 x 5.85 MB: well beyond the caches, like distinct experts */
     enum { NCASES = 7, MAXTOK = 64 };
     bench_case cases[NCASES] = {
-        {"bf16 matvec", 0, {DTYPE_BF16, brows, bcols, wb}, NULL, 0, brows * bcols * 2, 1},
-        {"mxfp4 w1/w3", 1, {0, 0, 0, NULL}, NULL, ncopies, 0, 1},
-        {"mxfp4 w2", 1, {0, 0, 0, NULL}, NULL, ncopies, 0, 1},
-        {"mxfp4 w1/w3, 8 tokens", 1, {0, 0, 0, NULL}, NULL, ncopies, 0, 8},
-        {"mxfp4 w1/w3, 32 tokens", 1, {0, 0, 0, NULL}, NULL, ncopies, 0, 32},
-        {"bf16, 8 tokens", 0, {DTYPE_BF16, brows, bcols, wb}, NULL, 0, brows * bcols * 2, 8},
-        {"bf16, 64 tokens", 0, {DTYPE_BF16, brows, bcols, wb}, NULL, 0, brows * bcols * 2, 64},
+        {"bf16 matvec", 0, {DTYPE_BF16, brows, bcols, wb, -1, 0}, NULL, 0, brows * bcols * 2, 1},
+        {"mxfp4 w1/w3", 1, {0, 0, 0, NULL, -1, 0}, NULL, ncopies, 0, 1},
+        {"mxfp4 w2", 1, {0, 0, 0, NULL, -1, 0}, NULL, ncopies, 0, 1},
+        {"mxfp4 w1/w3, 8 tokens", 1, {0, 0, 0, NULL, -1, 0}, NULL, ncopies, 0, 8},
+        {"mxfp4 w1/w3, 32 tokens", 1, {0, 0, 0, NULL, -1, 0}, NULL, ncopies, 0, 32},
+        {"bf16, 8 tokens", 0, {DTYPE_BF16, brows, bcols, wb, -1, 0}, NULL, 0, brows * bcols * 2, 8},
+        {"bf16, 64 tokens", 0, {DTYPE_BF16, brows, bcols, wb, -1, 0}, NULL, 0, brows * bcols * 2, 64},
     };
     const size_t mshape[2][2] = {{3072, 3584}, {3584, 3072}};
     size_t maxcols = bcols, maxrows = brows;

@@ -14,6 +14,12 @@ REF_MN=$(cat /k3/ref_mn.txt)
 GEN=6
 topo=$(sed -n 's/.*k3topo=\([^ ]*\).*/\1/p' /proc/cmdline)
 fails=0
+# the operator's doctor sees the guest's topology
+doctor_check() {
+  $K3 --doctor > /tmp/doc.out 2>&1; _rc=$?
+  [ $_rc = 0 ] && grep -q "topology: $n_nodes node" /tmp/doc.out; check $? "--doctor prints the topology it sees ($n_nodes node(s))"
+  grep "topology:" /tmp/doc.out | sed 's/^/  doctor| /'
+}
 pass() { echo "GUEST PASS: $topo: $*"; }
 fail() { echo "GUEST FAIL: $topo: $*"; fails=$((fails + 1)); }
 check() { if [ "$1" = 0 ]; then pass "$2"; else fail "$2"; fi; }
@@ -74,6 +80,7 @@ if [ "$n_nodes" = 1 ]; then
   [ "$(grep -c '^k3: worker [0-9]* pid' /tmp/c.err)" = 1 ]; check $? "1-node: one expert server"
   grep -q '^k3: placement: unbound' /tmp/c.err; check $? "1-node: placement unbound"
   grep -q '"placement"' /tmp/c.json && grep -q '"topology"' /tmp/c.json; check $? "1-node: --json has topology and placement"
+  doctor_check
   echo "GUEST DONE"
   exit $fails
 fi
@@ -141,5 +148,6 @@ grep -q "worker $last failed (killed by signal 9)" /tmp/r.err; check $? "the coo
 grep -q '"placement"' /tmp/r.json && grep -q '"topology"' /tmp/r.json && grep -q '"restarts":1' /tmp/r.json
 check $? "--json has topology, placement and the restart"
 grep '^k3: \(topology\|  node\|placement\|coordinator node\|worker\)' /tmp/r.err | sed 's/^/  report| /'
+doctor_check
 echo "GUEST DONE"
 exit $fails

@@ -182,6 +182,7 @@ static void test_tool_order_and_system_messages(void) {
     free(s);
     chat_ids_free(&v);
     json_decref(schema);
+    o = (xtml_options){.thinking = 0}; /* no longer points at the freed schema */
     /* attribute escaping: & then " */
     CHECK(render("[{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"id\":\"x\",\"function\":{\"name\":"
                  "\"a&\\\"b\",\"arguments\":{\"k\":[1,{\"z\":true}]}}}]}]",

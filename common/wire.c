@@ -111,9 +111,64 @@ typedef struct {
     k3_error *err;
 } reader;
 
+/* Walks the first msgpack object of buf without allocating and checks that no container claims
+ * more items than there are bytes left (each item takes at least one byte). msgpack-c sizes its
+ * object arrays from the claimed counts BEFORE reading them, so a 10-byte message claiming 2^32
+ * items would make it ask for 100+ GB (found by tests/fuzz/fuzz_wire.c). 0 if sane, -1 if not. */
+static int mp_bounded(const unsigned char *p, size_t len) {
+    size_t at = 0;
+    uint64_t pending = 1; /* items still to read */
+    while (pending) {
+        if (at >= len || pending > len - at) return -1;
+        unsigned b = p[at++];
+        pending--;
+        uint64_t skip = 0, count = 0;
+        int nlen = 0; /* bytes of a big-endian length that follows */
+        if (b <= 0x7f || b >= 0xe0 || b == 0xc0 || b == 0xc2 || b == 0xc3) skip = 0;
+        else if (b <= 0x8f) count = 2 * (uint64_t)(b & 0x0f);
+        else if (b <= 0x9f) count = b & 0x0f;
+        else if (b <= 0xbf) skip = b & 0x1f;
+        else switch (b) {
+            case 0xc4: case 0xd9: nlen = 1; break;             /* bin8, str8 */
+            case 0xc5: case 0xda: nlen = 2; break;             /* bin16, str16 */
+            case 0xc6: case 0xdb: nlen = 4; break;             /* bin32, str32 */
+            case 0xc7: nlen = 1; skip = 1; break;              /* ext8: length, type */
+            case 0xc8: nlen = 2; skip = 1; break;
+            case 0xc9: nlen = 4; skip = 1; break;
+            case 0xca: skip = 4; break;
+            case 0xcb: skip = 8; break;
+            case 0xcc: case 0xd0: skip = 1; break;
+            case 0xcd: case 0xd1: skip = 2; break;
+            case 0xce: case 0xd2: skip = 4; break;
+            case 0xcf: case 0xd3: skip = 8; break;
+            case 0xd4: skip = 2; break;                        /* fixext 1, 2, 4, 8, 16 (+ type) */
+            case 0xd5: skip = 3; break;
+            case 0xd6: skip = 5; break;
+            case 0xd7: skip = 9; break;
+            case 0xd8: skip = 17; break;
+            case 0xdc: case 0xde: nlen = 2; break;             /* array16, map16 */
+            case 0xdd: case 0xdf: nlen = 4; break;             /* array32, map32 */
+            default: return -1;                                /* 0xc1: never used */
+            }
+        uint64_t n = 0;
+        if (nlen) {
+            if (len - at < (size_t)nlen) return -1;
+            for (int i = 0; i < nlen; i++) n = n << 8 | p[at++];
+            if (b == 0xdc || b == 0xdd) count = n;
+            else if (b == 0xde || b == 0xdf) count = 2 * n;
+            else skip += n;
+        }
+        if (skip > len - at) return -1;
+        at += (size_t)skip;
+        pending += count;
+    }
+    return 0;
+}
+
 static int rd_open(reader *rd, const void *buf, size_t len, const char *what, k3_error *err) {
     rd->what = what;
     rd->err = err;
+    if (mp_bounded(buf, len)) return k3_fail(err, "%s: not a msgpack map (malformed or truncated)", what);
     msgpack_unpacked_init(&rd->up);
     size_t off = 0;
     if (msgpack_unpack_next(&rd->up, buf, len, &off) != MSGPACK_UNPACK_SUCCESS || off != len ||

@@ -58,10 +58,13 @@ typedef struct {
     float *rows;         /* logits rows, positions first_pos.. */
     size_t first_pos, n_rows;
     double prefill_s, decode_s;
+    size_t prefill_ids;  /* positions this run's prefill step computed (after a state or snapshot) */
+    size_t first_ids;    /* ids the prefill's step emitted (1; more with a speculative first step) */
     uint64_t spec_passes, spec_proposed, spec_accepted, spec_refeeds, decode_passes;
     int streamed;        /* the text was printed while generating */
     int finished;        /* --resume of a run that had already finished */
     size_t n_loaded;     /* --load-state: history ids that came from the file */
+    size_t i0;           /* --resume: ids generated before this run */
     size_t n_ckpt;       /* checkpoints written, and their time */
     double ckpt_s;
 } run_result;
@@ -130,6 +133,7 @@ static int run(engine *en, const options *o, const draft_source *draft, const to
     const k3_config *c = &en->model->cfg;
     size_t V = (size_t)c->vocab_size, n = r->n_prompt, N = (size_t)o->gen;
     size_t i0 = r->n_gen, have = n + i0; /* --resume: ids generated before the interruption */
+    r->i0 = i0;
     r->first_pos = o->teacher_force ? 0 : have - 1;
     size_t last_pos = N > 0 ? n + N - 2 : n - 1;
     r->n_rows = last_pos + 1 - r->first_pos;
@@ -151,10 +155,12 @@ static int run(engine *en, const options *o, const draft_source *draft, const to
     if (keep && gen_seq_watch_rows(&g, r->first_pos, (size_t)o->chunk, keep_row, &rk, err)) goto out;
     double t0 = k3_now_s();
     uint64_t passes0 = en->passes;
+    size_t pos0 = 0; /* positions already in the state when the prefill starts */
     if (ps->ld) { /* continue the loaded state; the ids after its history are fed on top */
         if (gen_seq_adopt(&g, ps->lst, ps->ld->ids, ps->ld->n_ids, ps->keep_rng ? &ps->ld->run.rng : NULL, err) ||
             gen_seq_push(&g, r->seq + ps->ld->n_ids, have - ps->ld->n_ids, err))
             goto out;
+        pos0 = g.st.pos;
         for (size_t i = 0; i < i0; i++) print_token(&tp, r->seq[n + i], 0); /* --resume: the run so far */
     } else if (ps->snaps && n > 1 && !o->full_recompute && !o->teacher_force) {
         /* start from the longest stored prefix; store the prompt minus its last id (an identical
@@ -163,6 +169,7 @@ static int run(engine *en, const options *o, const draft_source *draft, const to
         long L = snap_lookup(ps->snaps, g.ids, g.n, n - 1, &g.st, err);
         if (L < 0) goto out;
         if (L > 0) fprintf(stderr, "k3: started from a snapshot of %ld positions (feeding %zu)\n", L, n - (size_t)L);
+        pos0 = (size_t)L;
         if (gen_feed(en, &g, (size_t)o->chunk, err)) goto out;
         if ((size_t)L < n - 1 && snap_insert(ps->snaps, g.ids, &g.st, err)) goto out;
         if (gen_seq_push(&g, r->seq + n - 1, 1, err)) goto out;
@@ -171,6 +178,7 @@ static int run(engine *en, const options *o, const draft_source *draft, const to
     if (N == 0) {
         if (gen_feed(en, &g, (size_t)o->chunk, err)) goto out;
         r->prefill_s = k3_now_s() - t0;
+        r->prefill_ids = g.st.pos - pos0;
     }
     const char *kill_after = getenv("K3_TEST_KILL_AFTER_CHECKPOINT"); /* tests: SIGKILL mid-run */
     size_t every = o->checkpoint ? (size_t)o->checkpoint_every : 0;
@@ -181,7 +189,13 @@ static int run(engine *en, const options *o, const draft_source *draft, const to
         size_t k = i > 0 && draft ? draft_propose(draft, g.ids, g.n, i, prop, (size_t)o->draft_max) : 0;
         if (k ? gen_step_spec(en, &g, prop, k, N - i, ev, &nev, err) : gen_step(en, &g, (size_t)o->chunk, ev, err))
             goto out;
-        if (i == i0) { r->prefill_s = k3_now_s() - t0; t0 = k3_now_s(); passes0 = en->passes; }
+        int first = i == i0;
+        if (first) {
+            r->prefill_s = k3_now_s() - t0;
+            r->prefill_ids = g.st.pos > pos0 ? g.st.pos - pos0 : 0;
+            t0 = k3_now_s();
+            passes0 = en->passes;
+        }
         size_t before = i;
         int stop = 0;
         for (size_t j = 0; j < nev && !stop; j++) {
@@ -189,6 +203,7 @@ static int run(engine *en, const options *o, const draft_source *draft, const to
             r->n_gen = ++i;
             stop = ev[j].stop;
         }
+        if (first) r->first_ids = i - before;
         if (stop) break;
         if (every && i / every > before / every && i < N) { /* every --checkpoint-every generated ids */
             double tc = k3_now_s();
@@ -269,7 +284,10 @@ static void trace_route(void *ctx, int layer, size_t position, const int32_t *id
 }
 
 typedef struct {
-    double load_s;
+    double load_s;                /* load_model_s + load_trunk_s + load_experts_s */
+    double load_model_s;          /* model_load: config.json, the index, the shards' headers */
+    double load_trunk_s;          /* trunk_create: the pinned units' reads */
+    double load_experts_s;        /* the expert backend's start and engine_init */
     int threads, n_workers, mpi;
     const expert_backend *eb;
     const tokenizer *tok;
@@ -388,16 +406,25 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         json_object_set_new(j, "threads", json_integer(ri->threads));
         json_object_set_new(j, "simd", json_string(en->k->name));
         json_t *tm = json_object();
+        /* load_s: every weight in before the first forward (headers, the pinned trunk's reads,
+         * the expert backend); prefill_s: the prompt's forwards and the first token's pick */
         json_object_set_new(tm, "load_s", json_real(ri->load_s));
+        json_object_set_new(tm, "load_model_s", json_real(ri->load_model_s));
+        json_object_set_new(tm, "load_trunk_s", json_real(ri->load_trunk_s));
+        json_object_set_new(tm, "load_experts_s", json_real(ri->load_experts_s));
         json_object_set_new(tm, "prefill_s", json_real(r->prefill_s));
+        json_object_set_new(tm, "prefill_tokens", json_integer((json_int_t)r->prefill_ids));
+        json_object_set_new(tm, "prefill_tokens_per_s",
+                            json_real(r->prefill_s > 0 ? (double)r->prefill_ids / r->prefill_s : 0));
         json_object_set_new(tm, "decode_s", json_real(r->decode_s));
         if (r->n_ckpt) {
             json_object_set_new(tm, "checkpoint_s", json_real(r->ckpt_s));
             json_object_set_new(tm, "checkpoints", json_integer((json_int_t)r->n_ckpt));
         }
         /* the first generated token comes from the prefill's logits (prefill_s covers its step, in
-         * full recompute too), so decode_s covers the forwards of the other n_gen - 1 */
-        size_t n_dec = r->n_gen > 0 ? r->n_gen - 1 : 0;
+         * full recompute too), so decode_s covers the forwards of the ids generated after that
+         * step in this run (not those of the run a --resume continues) */
+        size_t n_dec = r->n_gen > r->i0 + r->first_ids ? r->n_gen - r->i0 - r->first_ids : 0;
         json_object_set_new(tm, "decode_tokens", json_integer((json_int_t)n_dec));
         json_object_set_new(tm, "decode_tokens_per_s", json_real(r->decode_s > 0 ? (double)n_dec / r->decode_s : 0));
         json_object_set_new(j, "timing", tm);
@@ -653,7 +680,7 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
         tokenizer_free(tok);
         return EXIT_USAGE;
     }
-    ri.load_s = k3_now_s() - t0;
+    ri.load_model_s = k3_now_s() - t0;
     status = EXIT_USAGE;
     expert_backend eb = {0};
     engine en = {0};
@@ -781,7 +808,10 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     plan_print(&plan, &m.cfg, stderr);
     status = EXIT_RUNTIME;
     trunk_config tc = {plan.n_pinned, plan.n_slots, plan.lm_chunk_rows};
+    t0 = k3_now_s();
     if (!(tr = trunk_create_placed(&m, &tc, numa_place_rows, &np, &err))) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
+    ri.load_trunk_s = k3_now_s() - t0;
+    t0 = k3_now_s();
     uint64_t cache_bytes = plan.expert_cache_per_worker; /* --expert-cache-mb is in the plan */
     ri.cache_bytes = cache_bytes;
     {
@@ -795,6 +825,8 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     en = (engine){.model = &m, .trunk = tr, .k = k, .experts = &eb};
     if (pl.bound) { en.on_pass = rebind_threads; en.on_pass_ctx = &pl; }
     if (engine_init(&en, (size_t)o.chunk, ctx, ri.threads, &err)) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
+    ri.load_experts_s = k3_now_s() - t0;
+    ri.load_s = ri.load_model_s + ri.load_trunk_s + ri.load_experts_s;
     if (o.state_dir || o.chat) { /* prefix snapshots: in memory within the plan, on disk with --state-dir */
         snap_options so = {.cfg = &m.cfg, .fp = &fp, .mem_cap = o.chat ? plan.snapshot_bytes : 0, .dir = o.state_dir,
                            .disk_cap = (uint64_t)(o.state_dir_mb * 1048576.0), .max_positions = ctx, .log = stderr};

@@ -8,7 +8,8 @@
 #   engine     on the real-width model (K3 widths, `make bench-model`): resident decode
 #              at 1 and all threads against its roofline, prefill (72- vs 8-token
 #              prompt) against the FMA peak, a streamed run (--mem-gb 7) against fio,
-#              time to first token split into load_s and prefill_s.
+#              time to first token split into load_s (weights in: headers, the pinned
+#              trunk's reads, the expert backend) and prefill_s (the prompt's forwards).
 # The whole measurement holds $BENCH_LOCK (one process may hold the model in memory;
 # taken once, so that no other run lands between the ceilings and the engine runs).
 # Environment: MODEL (default models-big/rw6, else /work/models-big/rw6), K3 (bin/k3),
@@ -158,7 +159,8 @@ for who in ["new"] + (["base"] if base_k3 else []):
         if th == nt:
             t = j["timing"]
             pb = j["memory"]["trunk_pinned_bytes"]
-            lr = pb / t["load_s"] / 1e9 if t["load_s"] > 0 else 0
+            lt = t.get("load_trunk_s", t["load_s"])  # older k3: load_s had no weight reads
+            lr = pb / lt / 1e9 if lt > 0 else 0
             rows.append((label, "time to first token (8-id prompt): load_s + prefill_s", f"{t['load_s']:.1f} + {t['prefill_s']:.1f} s",
                          f"trunk in at {lr:.2f} GB/s vs fio {fio_gbs:.2f}", f"{100 * lr / fio_gbs:.0f} %" if fio_gbs else "-", ""))
     j72, j8 = load(f"{who}-pre72"), load(f"{who}-dec{nt}")

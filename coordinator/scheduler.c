@@ -40,21 +40,20 @@ void gen_request_release(gen_request *r) {
     free(r);
 }
 
-int sched_forward(engine *en, sched_seq *seqs, size_t n_seqs, k3_error *err) {
-    return forward_batch(en, seqs, n_seqs, err);
-}
-
+/* A slot: one gen_seq (state, sampler, stop ids, id history, logits row) and the request it
+ * serves. The step (generate.h) feeds, picks and streams; the scheduler only chooses who is in
+ * the step and acts on the events. */
+#define SCHED_EVENTS 1 /* picks one step may make for one slot (1 + draft length with speculation) */
 typedef struct {
-    seq_state st;
-    sampler smp;
-    int smp_ok;
-    float *logits;        /* one row */
-    int32_t *hist;        /* ids consumed by st (st.pos of them) */
-    size_t hist_cap;
+    scheduler *s;
+    gen_seq g;
+    int g_ok;
     gen_request *req;     /* NULL: free */
-    size_t fed;           /* prompt ids consumed for req */
-    int32_t last;         /* last generated id, fed at the next step */
-    int want_logits;      /* this step produces the row that picks the next id */
+    size_t prompt_end;    /* g.n once the prompt is pushed: the prompt is fed when g.st.pos reaches it */
+    int prompt_kept;      /* the state at the end of the prompt went to the snapshot store */
+    int push_failed;      /* on_token could not store a token (out of memory) */
+    gen_event ev[SCHED_EVENTS];
+    size_t n_ev;
 } slot;
 
 struct scheduler {
@@ -62,8 +61,9 @@ struct scheduler {
     sched_config cfg;
     size_t V;
     slot *slots;
-    sched_seq *seqs;
-    size_t *seq_slot;
+    gen_seq **batch;     /* the step's sequences, decoding slots first */
+    size_t *batch_slot;
+    gen_event *batch_ev;
     gen_request **queue; /* ring */
     size_t q_head, q_len;
     pthread_mutex_t mu;
@@ -71,7 +71,6 @@ struct scheduler {
     pthread_t th;
     int th_ok, stop;
     sched_stats stats;
-    double *lp_scratch;
 };
 
 static void finish(gen_request *r, int why, const char *msg) {
@@ -86,15 +85,15 @@ static void finish(gen_request *r, int why, const char *msg) {
     pthread_mutex_unlock(&r->mu);
 }
 
-/* Appends one output id (and its logprobs) under the request's lock. */
-static int push_token(scheduler *s, slot *sl, int32_t id) {
-    gen_request *r = sl->req;
+/* Appends one output id (and its logprobs from row, the logits that picked it) under the
+ * request's lock. */
+static int push_token(scheduler *s, gen_request *r, const float *row, int32_t id) {
     size_t k = (size_t)r->top_logprobs;
     double lp = 0;
     int32_t tid[SCHED_MAX_TOP_LOGPROBS];
     double tlp[SCHED_MAX_TOP_LOGPROBS];
     if (r->want_logprobs) {
-        const float *x = sl->logits;
+        const float *x = row;
         double mx = -INFINITY, z = 0;
         for (size_t i = 0; i < s->V; i++)
             if (x[i] > mx) mx = x[i];
@@ -150,37 +149,44 @@ static int push_token(scheduler *s, slot *sl, int32_t id) {
     return 0;
 }
 
+/* The step's streaming hook (gen_seq.on_token): every pick but a stop id goes to the request
+ * as it is made; g.row holds the logits that picked it (also for each pick of a speculative
+ * step). */
+static void on_token(void *ctx, int32_t id, int stop) {
+    slot *sl = ctx;
+    if (stop || !sl->req || sl->push_failed) return;
+    if (push_token(sl->s, sl->req, sl->g.row, id)) sl->push_failed = 1;
+}
+
 static void slot_free_req(scheduler *s, slot *sl) {
     (void)s;
     gen_request_release(sl->req);
     sl->req = NULL;
 }
 
-/* The slot forgets what it held: state to zero (used after failures and for unrelated prompts). */
-static void slot_reset(scheduler *s, slot *sl) {
-    seq_state_reset(&sl->st, &s->en->model->cfg);
-}
+/* The slot forgets what it held: empty history, state to zero (after failures and for unrelated
+ * prompts). */
+static void slot_reset(scheduler *s, slot *sl) { gen_seq_reset(&sl->g, &s->en->model->cfg); }
 
-/* hist[at .. at+n) = ids */
-static int hist_put(slot *sl, size_t at, const int32_t *ids, size_t n) {
-    if (at + n > sl->hist_cap) {
-        size_t nc = sl->hist_cap ? sl->hist_cap : 256;
-        while (nc < at + n) nc *= 2;
-        int32_t *h = realloc(sl->hist, nc * sizeof *h);
-        if (!h) return -1;
-        sl->hist = h;
-        sl->hist_cap = nc;
-    }
-    memcpy(sl->hist + at, ids, n * sizeof *ids);
-    return 0;
-}
-static int hist_push(slot *sl, const int32_t *ids, size_t n) { return hist_put(sl, sl->st.pos, ids, n); }
-
-/* The slot's state (st.pos ids of hist) into the snapshot store; a failure only costs reuse. */
+/* The slot's state (its g.st.pos fed ids) into the snapshot store; a failure only costs reuse. */
 static void snap_keep(scheduler *s, slot *sl) {
-    if (!s->cfg.snaps || sl->st.pos == 0) return;
+    if (!s->cfg.snaps || sl->g.st.pos == 0) return;
     k3_error e = {0};
-    snap_insert(s->cfg.snaps, sl->hist, &sl->st, &e);
+    snap_insert(s->cfg.snaps, sl->g.ids, &sl->g.st, &e);
+}
+
+/* The request's sampler and stop ids into the slot's gen_seq. */
+static int slot_configure(slot *sl, const gen_request *r, k3_error *e) {
+    sampler_free(&sl->g.smp);
+    if (sampler_init(&sl->g.smp, &r->sampling, e)) return -1;
+    if (r->n_stops > sl->g.n_stop_ids) {
+        int32_t *st = realloc(sl->g.stop_ids, r->n_stops * sizeof *st);
+        if (!st) return k3_fail(e, "out of memory for %zu stop ids", r->n_stops);
+        sl->g.stop_ids = st;
+    }
+    if (r->n_stops) memcpy(sl->g.stop_ids, r->stops, r->n_stops * sizeof *r->stops);
+    sl->g.n_stop_ids = r->n_stops;
+    return 0;
 }
 
 /* Moves queued requests into free slots; under s->mu. */
@@ -194,8 +200,8 @@ static void admit(scheduler *s) {
         for (size_t i = 0; i < s->cfg.parallel; i++) {
             slot *sl = &s->slots[i];
             if (sl->req) continue;
-            size_t h = sl->st.pos;
-            if (h > 0 && h < r->n_prompt && !memcmp(sl->hist, r->prompt, h * sizeof *sl->hist) && h > best_len) {
+            size_t h = sl->g.st.pos;
+            if (h > 0 && h < r->n_prompt && !memcmp(sl->g.ids, r->prompt, h * sizeof *sl->g.ids) && h > best_len) {
                 best = (long)i;
                 best_len = h;
             }
@@ -209,35 +215,98 @@ static void admit(scheduler *s) {
         s->q_len--;
         slot *sl = &s->slots[best >= 0 ? best : fresh];
         size_t have = best >= 0 ? best_len : 0;
-        if (best < 0) {
-            slot_reset(s, sl);
-            if (s->cfg.snaps && r->n_prompt > 1 && hist_put(sl, 0, r->prompt, r->n_prompt - 1) == 0) {
-                k3_error e = {0};
-                long L = snap_lookup(s->cfg.snaps, r->prompt, r->n_prompt, r->n_prompt - 1, &sl->st, &e);
-                if (L > 0 && (size_t)L == sl->st.pos) {
-                    have = (size_t)L;
-                    s->stats.snapshot_tokens_restored += have;
-                } else if (L != 0) slot_reset(s, sl); /* a failed restore leaves nothing usable */
-            }
-        }
-        sl->req = r;
-        sl->fed = have;
-        r->n_cached = sl->fed;
-        s->stats.prefix_tokens_reused += sl->fed;
         k3_error e = {0};
-        if (sl->smp_ok) sampler_free(&sl->smp);
-        sl->smp_ok = sampler_init(&sl->smp, &r->sampling, &e) == 0;
+        sl->req = r;
         r->t_start = now_s();
-        if (!sl->smp_ok) {
+        if (slot_configure(sl, r, &e)) {
             finish(r, FINISH_ERROR, e.msg);
             slot_free_req(s, sl);
+            continue;
         }
+        if (best >= 0) {
+            gen_seq_truncate(&sl->g, have); /* drops the last pick of the previous request (pending) */
+        } else {
+            slot_reset(s, sl);
+        }
+        if (gen_seq_push(&sl->g, r->prompt + have, r->n_prompt - have, &e)) {
+            finish(r, FINISH_ERROR, e.msg);
+            slot_reset(s, sl);
+            slot_free_req(s, sl);
+            continue;
+        }
+        if (best < 0 && s->cfg.snaps && r->n_prompt > 1) {
+            long L = snap_lookup(s->cfg.snaps, r->prompt, r->n_prompt, r->n_prompt - 1, &sl->g.st, &e);
+            if (L > 0 && (size_t)L == sl->g.st.pos) {
+                have = (size_t)L;
+                s->stats.snapshot_tokens_restored += have;
+            } else if (L != 0) { /* a failed restore leaves nothing usable */
+                slot_reset(s, sl);
+                if (gen_seq_push(&sl->g, r->prompt, r->n_prompt, &e)) {
+                    finish(r, FINISH_ERROR, e.msg);
+                    slot_free_req(s, sl);
+                    continue;
+                }
+            }
+        }
+        sl->prompt_end = sl->g.n;
+        sl->prompt_kept = 0;
+        sl->push_failed = 0;
+        r->n_cached = have;
+        s->stats.prefix_tokens_reused += have;
     }
 }
 
-static int is_stop(const gen_request *r, int32_t id) {
-    for (size_t i = 0; i < r->n_stops; i++)
-        if (r->stops[i] == id) return 1;
+/* One step over the active slots (the batch is built by the caller): ONE gen_step_batch, so the
+ * trunk and each routed expert are read once for every sequence in it. Fills each slot's events
+ * (ev[0..n_ev)); -1 when the forward itself failed. A per-slot draft (speculation) plugs in
+ * here: a slot with proposals gets its picks from a verification pass, one event per pick. */
+static int step(scheduler *s, size_t n, k3_error *err) {
+    int rc = gen_step_batch(s->en, s->batch, n, s->cfg.chunk, s->batch_ev, err);
+    for (size_t j = 0; j < n; j++) {
+        slot *sl = &s->slots[s->batch_slot[j]];
+        sl->ev[0] = s->batch_ev[j];
+        sl->n_ev = rc ? 0 : 1;
+    }
+    return rc;
+}
+
+/* Acts on one event of a slot; under s->mu. 1 when the slot's request ended. */
+static int on_event(scheduler *s, slot *sl, const gen_event *ev) {
+    gen_request *r = sl->req;
+    if (ev->status == GEN_CONTEXT_FULL) { /* openai_api keeps prompt + max_tokens within the context */
+        finish(r, FINISH_LENGTH, NULL);
+        slot_free_req(s, sl);
+        snap_keep(s, sl);
+        return 1;
+    }
+    if (ev->status) {
+        finish(r, FINISH_ERROR, ev->why);
+        slot_reset(s, sl);
+        slot_free_req(s, sl);
+        return 1;
+    }
+    if (!ev->picked) return 0;
+    if (ev->stop) {
+        pthread_mutex_lock(&r->mu);
+        r->stop_id = ev->id;
+        pthread_mutex_unlock(&r->mu);
+        finish(r, FINISH_STOP, NULL);
+        slot_free_req(s, sl);
+        snap_keep(s, sl);
+        return 1;
+    }
+    if (sl->push_failed) {
+        finish(r, FINISH_ERROR, "out of memory for the output");
+        slot_free_req(s, sl);
+        return 1;
+    }
+    s->stats.tokens_generated++;
+    if (r->n_out >= r->max_tokens) { /* n_out only grows on this thread */
+        finish(r, FINISH_LENGTH, NULL);
+        slot_free_req(s, sl);
+        snap_keep(s, sl);
+        return 1;
+    }
     return 0;
 }
 
@@ -269,100 +338,48 @@ static void *loop(void *arg) {
             }
         }
         admit(s);
-        size_t decoding = 0;
-        for (size_t i = 0; i < P; i++)
-            if (s->slots[i].req && s->slots[i].fed == s->slots[i].req->n_prompt) decoding++;
+        /* the batch: decoding slots first (one id each), then the prompts, which share what is
+         * left of the step's rows (the engine's max_rows) in chunks of at most cfg.chunk, so a
+         * long prompt never stalls the others for more than one chunk */
+        size_t n = 0;
+        size_t pos0[GEN_MAX_BATCH];
+        for (int pass = 0; pass < 2; pass++)
+            for (size_t i = 0; i < P; i++) {
+                slot *sl = &s->slots[i];
+                if (!sl->req || (sl->g.st.pos >= sl->prompt_end) != (pass == 0)) continue;
+                pos0[n] = sl->g.st.pos;
+                s->batch[n] = &sl->g;
+                s->batch_slot[n++] = i;
+            }
         pthread_mutex_unlock(&s->mu);
-
-        /* the step: one token per decoding slot, prompt chunks from what is left of the budget */
-        size_t budget = s->cfg.chunk > decoding ? s->cfg.chunk - decoding : 0, n_seqs = 0; /* rows <= chunk = the engine's max_rows */
-        for (size_t i = 0; i < P; i++) {
-            slot *sl = &s->slots[i];
-            gen_request *r = sl->req;
-            if (!r) continue;
-            sched_seq *q = &s->seqs[n_seqs];
-            sl->want_logits = 0;
-            if (sl->fed < r->n_prompt) {
-                if (budget == 0) continue;
-                size_t left = r->n_prompt - sl->fed, n = left < budget ? left : budget;
-                budget -= n;
-                q->tokens = r->prompt + sl->fed;
-                q->n = n;
-                sl->want_logits = n == left;
-                q->logits_from = sl->want_logits ? n - 1 : n;
-            } else {
-                q->tokens = &sl->last;
-                q->n = 1;
-                q->logits_from = 0;
-                sl->want_logits = 1;
-            }
-            if (hist_push(sl, q->tokens, q->n)) {
-                finish(r, FINISH_ERROR, "out of memory for a slot's history");
-                slot_reset(s, sl);
-                pthread_mutex_lock(&s->mu);
-                slot_free_req(s, sl);
-                pthread_mutex_unlock(&s->mu);
-                continue;
-            }
-            q->st = &sl->st;
-            q->logits = sl->want_logits ? sl->logits : NULL;
-            s->seq_slot[n_seqs++] = i;
-        }
-        if (n_seqs == 0) continue;
+        if (n == 0) continue;
         k3_error err = {0};
         double t0 = now_s();
-        int bad = sched_forward(s->en, s->seqs, n_seqs, &err);
+        int bad = step(s, n, &err);
         double dt = now_s() - t0;
         pthread_mutex_lock(&s->mu);
         s->stats.steps++;
         s->stats.forward_s += dt;
-        s->stats.batch_rows += n_seqs;
-        for (size_t j = 0; j < n_seqs; j++) {
-            slot *sl = &s->slots[s->seq_slot[j]];
-            gen_request *r = sl->req;
+        for (size_t j = 0; j < n; j++) {
+            slot *sl = &s->slots[s->batch_slot[j]];
             if (bad) {
-                finish(r, FINISH_ERROR, err.msg);
+                finish(sl->req, FINISH_ERROR, err.msg);
                 slot_reset(s, sl);
                 slot_free_req(s, sl);
                 continue;
             }
-            if (sl->fed < r->n_prompt) {
-                sl->fed += s->seqs[j].n;
-                s->stats.tokens_prefilled += s->seqs[j].n;
-                if (sl->fed == r->n_prompt) snap_keep(s, sl);
+            size_t fed_to = sl->g.st.pos;
+            if (fed_to > pos0[j]) s->stats.batch_rows++;
+            if (pos0[j] < sl->prompt_end) {
+                s->stats.tokens_prefilled += (fed_to < sl->prompt_end ? fed_to : sl->prompt_end) - pos0[j];
+                if (fed_to >= sl->prompt_end && !sl->prompt_kept) {
+                    /* the state at the end of the prompt (fed_to == prompt_end without speculation) */
+                    if (fed_to == sl->prompt_end) snap_keep(s, sl);
+                    sl->prompt_kept = 1;
+                }
             }
-            if (!sl->want_logits) continue;
-            k3_error pe = {0};
-            int32_t id = sampler_pick(&sl->smp, sl->logits, s->V, &pe);
-            if (id < 0) {
-                char m[sizeof pe.msg + 40];
-                snprintf(m, sizeof m, "%s: refusing to emit a token", pe.msg);
-                finish(r, FINISH_ERROR, m);
-                slot_reset(s, sl);
-                slot_free_req(s, sl);
-                continue;
-            }
-            if (is_stop(r, id)) {
-                pthread_mutex_lock(&r->mu);
-                r->stop_id = id;
-                pthread_mutex_unlock(&r->mu);
-                finish(r, FINISH_STOP, NULL);
-                slot_free_req(s, sl);
-                snap_keep(s, sl);
-                continue;
-            }
-            if (push_token(s, sl, id)) {
-                finish(r, FINISH_ERROR, "out of memory for the output");
-                slot_free_req(s, sl);
-                continue;
-            }
-            s->stats.tokens_generated++;
-            sl->last = id;
-            if (r->n_out >= r->max_tokens) { /* n_out only grows here, on this thread */
-                finish(r, FINISH_LENGTH, NULL);
-                slot_free_req(s, sl);
-                snap_keep(s, sl);
-            }
+            for (size_t e = 0; e < sl->n_ev; e++)
+                if (on_event(s, sl, &sl->ev[e])) break;
         }
         pthread_mutex_unlock(&s->mu);
     }
@@ -370,8 +387,13 @@ static void *loop(void *arg) {
 }
 
 scheduler *sched_create(engine *en, const sched_config *cfg, k3_error *err) {
-    if (cfg->parallel < 1 || cfg->max_queue < 1 || cfg->chunk < 1) {
-        k3_fail(err, "scheduler: parallel, max_queue and chunk must be at least 1");
+    if (cfg->parallel < 1 || cfg->max_queue < 1 || cfg->chunk < 1 || cfg->max_context < 2) {
+        k3_fail(err, "scheduler: parallel, max_queue and chunk must be at least 1, max_context at least 2");
+        return NULL;
+    }
+    if (cfg->parallel > GEN_MAX_BATCH || cfg->parallel > en->max_rows) {
+        k3_fail(err, "scheduler: at most %d slots and at most the engine's rows per step (--parallel %zu, --chunk %zu)",
+                GEN_MAX_BATCH, cfg->parallel, en->max_rows);
         return NULL;
     }
     scheduler *s = calloc(1, sizeof *s);
@@ -385,27 +407,27 @@ scheduler *sched_create(engine *en, const sched_config *cfg, k3_error *err) {
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->cv, NULL);
     s->slots = calloc(cfg->parallel, sizeof *s->slots);
-    s->seqs = calloc(cfg->parallel, sizeof *s->seqs);
-    s->seq_slot = calloc(cfg->parallel, sizeof *s->seq_slot);
+    s->batch = calloc(cfg->parallel, sizeof *s->batch);
+    s->batch_slot = calloc(cfg->parallel, sizeof *s->batch_slot);
+    s->batch_ev = calloc(cfg->parallel, sizeof *s->batch_ev);
     s->queue = calloc(cfg->max_queue, sizeof *s->queue);
-    if (!s->slots || !s->seqs || !s->seq_slot || !s->queue) {
+    if (!s->slots || !s->batch || !s->batch_slot || !s->batch_ev || !s->queue) {
         k3_fail(err, "out of memory for %zu slots", cfg->parallel);
         sched_destroy(s);
         return NULL;
     }
+    sampler_config greedy;
+    sampler_config_default(&greedy);
     for (size_t i = 0; i < cfg->parallel; i++) {
         slot *sl = &s->slots[i];
-        sl->st.kda = NULL;
-        if (seq_state_init(&sl->st, &en->model->cfg, err)) {
-            sl->st.n_layers = -1;
+        sl->s = s;
+        if (gen_seq_init(&sl->g, &en->model->cfg, &greedy, NULL, 0, cfg->max_context, err)) {
             sched_destroy(s);
             return NULL;
         }
-        if (!(sl->logits = malloc(s->V * sizeof *sl->logits))) {
-            k3_fail(err, "out of memory for a row of %zu logits", s->V);
-            sched_destroy(s);
-            return NULL;
-        }
+        sl->g_ok = 1;
+        sl->g.on_token = on_token;
+        sl->g.on_token_ctx = sl;
     }
     if (pthread_create(&s->th, NULL, loop, s)) {
         k3_fail(err, "cannot start the scheduler thread");
@@ -491,18 +513,13 @@ void sched_stop(scheduler *s) {
 void sched_destroy(scheduler *s) {
     if (!s) return;
     sched_stop(s);
-    for (size_t i = 0; s->slots && i < s->cfg.parallel; i++) {
-        slot *sl = &s->slots[i];
-        if (sl->st.n_layers > 0) seq_state_free(&sl->st);
-        if (sl->smp_ok) sampler_free(&sl->smp);
-        free(sl->logits);
-        free(sl->hist);
-    }
+    for (size_t i = 0; s->slots && i < s->cfg.parallel; i++)
+        if (s->slots[i].g_ok) gen_seq_free(&s->slots[i].g);
     free(s->slots);
-    free(s->seqs);
-    free(s->seq_slot);
+    free(s->batch);
+    free(s->batch_slot);
+    free(s->batch_ev);
     free(s->queue);
-    free(s->lp_scratch);
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     free(s);

@@ -2,16 +2,20 @@
  *
  * Contract
  * - One scheduler thread owns the engine. Up to `parallel` sequences (slots) are active at once;
- *   each slot owns its seq_state, sampler and a row of logits. Requests wait in a FIFO queue of at
- *   most `max_queue` entries; sched_submit refuses more (SCHED_EFULL: the server answers 429).
- * - A step: newcomers from the queue take free slots; every active slot contributes either the next
- *   chunk of its prompt (prefill, at most what is left of the step's token budget `chunk` after one
- *   token per decoding slot, so a long prompt never stalls the others for more than one chunk) or
- *   its last generated token (decode); one forward call runs them all (sched_forward: forward_batch
- *   semantics; the fallback loops forward_chunk per sequence, which gives the same bits). A slot
- *   whose prompt is complete picks its next id with its own sampler from its own logits row.
- *   Per-sequence bits are independent of the batch and of chunking (forward.h), so every request's
- *   ids and logits equal those of the same request run alone (`bin/k3 --ids`).
+ *   each slot is one gen_seq (generate.h: state, sampler, stop ids, id history of at most
+ *   max_context ids, logits row). Requests wait in a FIFO queue of at most `max_queue` entries;
+ *   sched_submit refuses more (SCHED_EFULL: the server answers 429).
+ * - A step is the one generation step of generate.h, gen_step_batch, over every active slot
+ *   (the same loop as `--ids` and the chat): newcomers from the queue take free slots (their
+ *   prompt pushed as pending ids); decoding slots come first in the batch (one id each: the last
+ *   pick), then prompts, which get what is left of the engine's max_rows in chunks of at most
+ *   `chunk`, so a long prompt never stalls the others for more than one chunk. One forward call
+ *   runs them all (forward_batch: the trunk and each routed expert read once per step). A slot
+ *   whose prompt is fed picks with its own sampler from its own row; picks stream through the
+ *   gen_seq's on_token hook. Per-sequence bits are independent of the batch and of chunking
+ *   (forward.h), so every request's ids and logits equal those of the same request run alone
+ *   (`bin/k3 --ids`). The step is one function (step()) where a per-slot draft plugs in: each
+ *   slot gets a list of events, one per pick.
  * - Prefix reuse: a freed slot keeps its state and the ids it has consumed. A new request whose
  *   prompt strictly extends those ids takes that slot and feeds only the rest (req->n_cached says
  *   how many were skipped). Otherwise, with a snapshot store (cfg->snaps, snapshots.h), the slot
@@ -33,6 +37,7 @@
 #define K3_SCHEDULER_H
 
 #include "coordinator/forward.h"
+#include "coordinator/generate.h"
 #include "coordinator/sampler.h"
 #include "coordinator/snapshots.h"
 #include <pthread.h>
@@ -98,11 +103,5 @@ void sched_get_stats(scheduler *s, sched_stats *st);
 void sched_stop(scheduler *s);
 /* sched_stop, then frees everything. NULL is fine. */
 void sched_destroy(scheduler *s);
-
-/* One sequence's part of a step is forward.h's forward_seq. One forward call over several
- * sequences: forward_batch (every sequence's bits equal forward_chunk on it alone; the trunk
- * and each routed expert read once per step for the whole batch). */
-typedef forward_seq sched_seq;
-int sched_forward(engine *en, sched_seq *seqs, size_t n_seqs, k3_error *err);
 
 #endif

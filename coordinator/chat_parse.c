@@ -108,6 +108,10 @@ static void end_arg(chat_parser *p) {
 static void end_call(chat_parser *p) {
     if (!p->in_call) return;
     if (p->chan == CH_ARG) end_arg(p);
+    if (p->call_name && (p->drop_calls || (p->only_name && strcmp(p->call_name, p->only_name)))) {
+        free(p->call_name);
+        p->call_name = NULL;
+    }
     if (p->call_name) {
         char *args = p->call_json ? clean_utf8(p->call_raw.p ? p->call_raw.p : "", p->call_raw.n)
                                   : xtml_json_default(p->call_args);

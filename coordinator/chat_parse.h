@@ -15,6 +15,7 @@
  * - Text is accumulated as well-formed UTF-8 (ill-formed bytes -> U+FFFD, code points never split):
  *   reasoning / content grow as ids arrive, so a streamer sends the bytes past what it already sent.
  *   A tool call is complete (n_calls grows) when its </call> arrives (or at chat_parser_finish).
+ * - drop_calls / only_name (fields): calls that are not kept are dropped whole.
  * - chat_parser_finish flushes held bytes and closes an unterminated call. */
 #ifndef K3_CHAT_PARSE_H
 #define K3_CHAT_PARSE_H
@@ -52,6 +53,11 @@ typedef struct {
     cp_call *calls;
     size_t n_calls, cap_calls;
     int oom;
+    /* set after chat_parser_init (tool_choice): drop_calls -> no call is kept ("none": a tools
+     * channel is dropped, neither calls nor content); only_name -> only calls to that tool are kept
+     * (a named tool_choice; not owned) */
+    int drop_calls;
+    const char *only_name;
 } chat_parser;
 
 void chat_parser_init(chat_parser *p, const tokenizer *tok, chat_template t, int thinking);

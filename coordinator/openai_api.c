@@ -26,6 +26,9 @@ void api_request_free(api_request *r) {
     for (size_t i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
     chat_ids_free(&r->prompt);
+    chat_ids_free(&r->force);
+    chat_ids_free(&r->force_after);
+    free(r->tool_name);
     free(r->stop_ids);
     memset(r, 0, sizeof *r);
 }
@@ -211,6 +214,7 @@ static int parse_chat(const api_context *c, ectx *e, const json_t *o, api_reques
         }
     }
     const json_t *tc = json_object_get(o, "tool_choice");
+    const char *named = NULL;
     if (tc && !json_is_null(tc)) {
         if (json_is_string(tc)) {
             const char *s = json_string_value(tc);
@@ -219,8 +223,29 @@ static int parse_chat(const api_context *c, ectx *e, const json_t *o, api_reques
             xo.tool_choice = s;
         } else if (!json_is_object(tc) || !json_is_string(json_object_get(json_object_get(tc, "function"), "name")))
             return refuse(e, "tool_choice", "tool_choice must be \"auto\", \"none\", \"required\" or a named function");
-        if (xo.tool_choice && strcmp(xo.tool_choice, "none") && !xo.tools)
-            if (!strcmp(xo.tool_choice, "required")) return refuse(e, "tool_choice", "tool_choice \"required\" needs tools");
+        else
+            named = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
+        if (xo.tool_choice && !strcmp(xo.tool_choice, "required") && !xo.tools)
+            return refuse(e, "tool_choice", "tool_choice \"required\" needs tools");
+        if (named) {
+            int found = 0;
+            for (size_t i = 0; i < json_array_size(xo.tools); i++)
+                found |= !strcmp(named, json_string_value(json_object_get(json_object_get(json_array_get(xo.tools, i), "function"), "name")));
+            if (!found)
+                return refuse(e, "tool_choice", "tool_choice names the function '%.80s', which is not among tools", named);
+        }
+        if ((named || (xo.tool_choice && !strcmp(xo.tool_choice, "required"))) && c->tmpl != CHAT_TEMPLATE_K3)
+            return refuse(e, "tool_choice", "a named or \"required\" tool_choice needs the K3 template (K2 has no tools channel here)");
+        if (xo.tool_choice && !strcmp(xo.tool_choice, "none")) r->tool_choice_none = 1;
+        /* required with one tool is a call to that tool */
+        if (!named && xo.tool_choice && !strcmp(xo.tool_choice, "required") && json_array_size(xo.tools) == 1)
+            named = json_string_value(json_object_get(json_object_get(json_array_get(xo.tools, 0), "function"), "name"));
+        if (named || (xo.tool_choice && !strcmp(xo.tool_choice, "required"))) {
+            k3_error fe = {0};
+            if (xtml_forced_call(c->tok, r->thinking, named, &r->force_after, &r->force, &fe))
+                return fe.kind == K3_ENOMEM ? -2 : refuse(e, "tool_choice", "%s", fe.msg);
+            if (named && !(r->tool_name = strdup(named))) return -2;
+        }
     }
     const json_t *rf = json_object_get(o, "response_format");
     if (rf && !json_is_null(rf)) {

@@ -13,6 +13,10 @@
  *   integer = top count), top_logprobs (0..20), n (1), reasoning_effort ("none" | "low" | "high" |
  *   "max"), thinking (bool or {"type": "enabled" | "disabled"}), tools, tool_choice, response_format,
  *   return_token_ids (bool, k3 extension: prompt_token_ids / token_ids in the reply).
+ * - tool_choice: "auto" (default), "none" (the tool-choice message; calls are not returned),
+ *   "required" (the tool-choice message, and the reply is forced into a call: with one tool, a
+ *   call to it), {"type": "function", "function": {"name": X}} (no message, as K3-CHAT.md says;
+ *   the reply is forced into a call to X). X must be among tools; named/required need K3.
  * - The prompt: chat -> xtml_render_chat (K3 XTML or K2) ending in the generation prompt;
  *   completions -> the text encoded with special-token text allowed (like --prompt), or the ids.
  *   Stop ids: the template's (chat_stop_ids), for both endpoints.
@@ -44,6 +48,13 @@ typedef struct {
     chat_ids prompt;
     int32_t *stop_ids;
     size_t n_stop_ids;
+    /* tool_choice (chat, K3): named or "required" -> the ids that force the call (xtml_forced_call:
+     * `force` once the output ends with `force_after`, at once when that is empty); tool_name: the
+     * named function (only calls to it are returned); "none" -> tool_choice_none (a tools channel
+     * the model opens anyway is dropped: no tool_calls, not in content) */
+    chat_ids force, force_after;
+    char *tool_name;
+    int tool_choice_none;
 } api_request;
 
 int api_parse(const api_context *c, int chat, const char *body, size_t len, api_request *r, char *err, size_t errlen,

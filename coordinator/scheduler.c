@@ -33,6 +33,8 @@ void gen_request_release(gen_request *r) {
     pthread_cond_destroy(&r->cv);
     free(r->prompt);
     free(r->stops);
+    free(r->force);
+    free(r->force_after);
     free(r->out);
     free(r->logprob);
     free(r->top_id);
@@ -52,6 +54,7 @@ typedef struct {
     size_t prompt_end;    /* g.n once the prompt is pushed: the prompt is fed when g.st.pos reaches it */
     int prompt_kept;      /* the state at the end of the prompt went to the snapshot store */
     int push_failed;      /* on_token could not store a token (out of memory) */
+    int forced;           /* the request's forced ids are in */
     gen_event ev[SCHED_EVENTS];
     size_t n_ev;
 } slot;
@@ -92,7 +95,12 @@ static int push_token(scheduler *s, gen_request *r, const float *row, int32_t id
     double lp = 0;
     int32_t tid[SCHED_MAX_TOP_LOGPROBS];
     double tlp[SCHED_MAX_TOP_LOGPROBS];
-    if (r->want_logprobs) {
+    if (r->want_logprobs && !row) { /* a forced id: probability 1 */
+        for (size_t j = 0; j < k; j++) {
+            tid[j] = j ? -1 : id;
+            tlp[j] = 0;
+        }
+    } else if (r->want_logprobs) {
         const float *x = row;
         double mx = -INFINITY, z = 0;
         for (size_t i = 0; i < s->V; i++)
@@ -189,6 +197,25 @@ static int slot_configure(slot *sl, const gen_request *r, k3_error *e) {
     return 0;
 }
 
+/* The request's forced ids (as many as max_tokens leaves room for) into the sequence (pending) and
+ * the output. -1 with e filled when the context cannot hold them or the output cannot grow. */
+static int force_ids(scheduler *s, slot *sl, k3_error *e) {
+    gen_request *r = sl->req;
+    size_t n = r->max_tokens - r->n_out < r->n_force ? r->max_tokens - r->n_out : r->n_force;
+    sl->forced = 1;
+    if (gen_seq_push(&sl->g, r->force, n, e)) return -1;
+    for (size_t i = 0; i < n; i++)
+        if (push_token(s, r, NULL, r->force[i])) return k3_fail(e, "out of memory for the output");
+    return 0;
+}
+
+/* The output ends with the request's force_after ids (the scheduler thread is its only writer). */
+static int force_due(const slot *sl) {
+    const gen_request *r = sl->req;
+    if (sl->forced || r->n_force == 0 || r->n_out < r->n_force_after) return 0;
+    return !memcmp(r->out + r->n_out - r->n_force_after, r->force_after, r->n_force_after * sizeof *r->out);
+}
+
 /* Moves queued requests into free slots; under s->mu. */
 static void admit(scheduler *s) {
     while (s->q_len > 0) {
@@ -251,6 +278,13 @@ static void admit(scheduler *s) {
         sl->prompt_end = sl->g.n;
         sl->prompt_kept = 0;
         sl->push_failed = 0;
+        sl->forced = 0;
+        if (force_due(sl) && force_ids(s, sl, &e)) {
+            finish(r, FINISH_ERROR, e.msg);
+            slot_reset(s, sl);
+            slot_free_req(s, sl);
+            continue;
+        }
         r->n_cached = have;
         s->stats.prefix_tokens_reused += have;
     }
@@ -301,6 +335,15 @@ static int on_event(scheduler *s, slot *sl, const gen_event *ev) {
         return 1;
     }
     s->stats.tokens_generated++;
+    if (r->n_out < r->max_tokens && force_due(sl)) {
+        k3_error e = {0};
+        if (force_ids(s, sl, &e)) {
+            finish(r, FINISH_ERROR, e.msg);
+            slot_reset(s, sl);
+            slot_free_req(s, sl);
+            return 1;
+        }
+    }
     if (r->n_out >= r->max_tokens) { /* n_out only grows on this thread */
         finish(r, FINISH_LENGTH, NULL);
         slot_free_req(s, sl);

@@ -24,6 +24,9 @@
  *   conversation's next turn skips what was computed before, whichever slot it lands on.
  *   Otherwise the slot's state is reset. Restored states are bit-exact (snapshots.h), so reuse
  *   never changes a bit.
+ * - Forced ids (gen_request.force): pushed into the slot's gen_seq as pending ids when their
+ *   trigger has been generated, and appended to the output; the next step feeds them (a chunk)
+ *   and picks after them, exactly as if a prompt had ended with them.
  * - Ending: a stop id (not part of the output), max_tokens (finish LENGTH), a cancel
  *   (sched_cancel: a client went away or a stop string matched; the slot is freed at the next step),
  *   an engine failure (finish ERROR with a message; the slot's state is reset), or shutdown.
@@ -57,6 +60,12 @@ typedef struct gen_request {
     int32_t *stops;
     size_t n_stops;
     int want_logprobs, top_logprobs;
+    /* forced ids (a tool call forced by tool_choice): once the output ends with
+     * force_after[0..n_force_after) (at once when that is empty), force[0..n_force) are appended
+     * to the output and to the sequence as if generated (logprob 0, the only top entry); the model
+     * goes on after them. Once per request. */
+    int32_t *force, *force_after;
+    size_t n_force, n_force_after;
     /* output, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;

@@ -291,6 +291,7 @@ static json_t *chat_logprobs(gen_ctx *g, size_t a, size_t b) {
         json_object_set_new(e, "bytes", by);
         json_t *tops = json_array();
         for (size_t j = 0; j < k; j++) {
+            if (r->top_id[i * k + j] < 0) continue; /* a forced id has one entry */
             json_t *te = json_object(), *tt, *tb;
             token_json(g->sv->tok, r->top_id[i * k + j], &tt, &tb);
             json_object_set_new(te, "token", tt);
@@ -320,6 +321,7 @@ static json_t *text_logprobs(gen_ctx *g, size_t a, size_t b) {
         json_array_append_new(lps, json_real(r->logprob[i]));
         json_t *m = json_object();
         for (size_t j = 0; j < k; j++) {
+            if (r->top_id[i * k + j] < 0) continue;
             json_t *tt;
             token_json(g->sv->tok, r->top_id[i * k + j], &tt, NULL);
             json_object_set_new(m, json_string_value(tt), json_real(r->top_lp[i * k + j]));
@@ -596,6 +598,8 @@ static enum MHD_Result generate(server *sv, int route, struct MHD_Connection *c,
         return rc == -2 ? send_error(sv, route, c, 500, "out of memory", NULL) : send_error(sv, route, c, 400, err, param);
     }
     chat_parser_init(&g->cp, sv->tok, route == R_CHAT ? sv->api.tmpl : CHAT_TEMPLATE_K2, g->ar.thinking);
+    g->cp.drop_calls = g->ar.tool_choice_none;
+    g->cp.only_name = g->ar.tool_name; /* g->ar lives as long as the parser */
     for (size_t i = 0; i < g->ar.n_stop; i++)
         if (strlen(g->ar.stop[i]) > g->max_stop) g->max_stop = strlen(g->ar.stop[i]);
     gen_request *r = gen_request_new();
@@ -612,6 +616,12 @@ static enum MHD_Result generate(server *sv, int route, struct MHD_Connection *c,
     r->n_stops = g->ar.n_stop_ids;
     g->ar.stop_ids = NULL;
     g->ar.n_stop_ids = 0;
+    r->force = g->ar.force.ids;
+    r->n_force = g->ar.force.n;
+    r->force_after = g->ar.force_after.ids;
+    r->n_force_after = g->ar.force_after.n;
+    memset(&g->ar.force, 0, sizeof g->ar.force);
+    memset(&g->ar.force_after, 0, sizeof g->ar.force_after);
     r->max_tokens = g->ar.max_tokens;
     r->sampling = g->ar.sampling;
     r->want_logprobs = g->ar.logprobs;

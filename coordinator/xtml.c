@@ -430,3 +430,19 @@ int xtml_render_chat(const tokenizer *tok, chat_template t, const json_t *messag
     if (rc) out->n = n0;
     return rc;
 }
+
+int xtml_forced_call(const tokenizer *tok, int thinking, const char *name, chat_ids *after, chat_ids *force,
+                     k3_error *err) {
+    char param[8];
+    wr w = {tok, after, tokenizer_special_id(tok, "<|open|>"), tokenizer_special_id(tok, "<|close|>"),
+            tokenizer_special_id(tok, "<|sep|>"), tokenizer_special_id(tok, "<|end_of_msg|>"), err, param, sizeof param};
+    if (w.open < 0 || w.close < 0 || w.sep < 0) return k3_refuse(err, "the tokenizer lacks the K3 control tokens");
+    int rc;
+    if (thinking && (rc = close_tag(&w, "think"))) return rc;
+    w.out = force;
+    if (thinking && (rc = open_tag(&w, "response", NULL))) return rc;
+    if ((rc = close_tag(&w, "response")) || (rc = open_tag(&w, "tools", NULL))) return rc;
+    if (name) return open_tag(&w, "call", "tool", name, "index", "1", NULL);
+    if ((rc = put_id(&w, w.open)) || (rc = put_str(&w, "call")) || (rc = put_str(&w, " tool"))) return rc;
+    return put_str(&w, "=\"");
+}

@@ -36,6 +36,18 @@ typedef struct {
 int xtml_render_chat(const tokenizer *tok, chat_template t, const json_t *messages, const xtml_options *o,
                      chat_ids *out, k3_error *err, char *param, size_t paramlen);
 
+/* Forcing a tool call (tool_choice named or "required"; K3 only): `force` gets the ids that make
+ * the assistant's reply a call, segment by segment as the renderer writes them:
+ * [<|open|>response<|sep|>] <|close|>response<|sep|> <|open|>tools<|sep|> then, with a name,
+ * <|open|>call tool="NAME" index="1"<|sep|> (the model writes the arguments), without one
+ * <|open|>call tool=" (the model writes the name). With thinking, `after` gets the ids the model
+ * ends its reasoning with (<|close|>think<|sep|>) and the forced ids follow them, so the model
+ * still reasons first; without, `after` is left empty: the forced ids follow the generation
+ * prompt at once. Appends to both; 0, or -1 (err: K3_EINPUT without the K3 control tokens,
+ * K3_ENOMEM). */
+int xtml_forced_call(const tokenizer *tok, int thinking, const char *name, chat_ids *after, chat_ids *force,
+                     k3_error *err);
+
 /* Python json.dumps(v, ensure_ascii=False) with default separators, keys in their order
  * (malloc'd, NULL when out of memory). */
 char *xtml_json_default(const json_t *v);

@@ -5,6 +5,7 @@
 #   /tokenize, /detokenize, /metrics, the static page;
 # - load: 8 clients x 4 requests (chat/completions, streamed or not, greedy or seeded) against
 #   4 slots; every answer equals the same prompt ids run alone through `bin/k3 --ids`;
+# - tool_choice: a named function makes the reply a call to it; an undeclared one is 400; none;
 # - a conversation's next turn reuses the kept prefix (cached_tokens > 0) with identical ids;
 # - a client that disconnects mid-stream is cancelled and its slot freed;
 # - a full queue answers 429 with Retry-After;
@@ -93,6 +94,37 @@ tail -c 14 "$T/sse" | grep -q 'data: \[DONE\]' || fail "stream does not end with
 grep -q '"usage":{"prompt_tokens"' "$T/sse" || fail "stream without usage chunk"
 grep -q '"top_logprobs":\[{' "$T/sse" || fail "stream without top_logprobs"
 echo "chat: whole and streamed (SSE, [DONE], usage, logprobs)"
+
+# ---- tool_choice: a named function forces the call; undeclared is 400; none returns no call ----
+$PY - "$URL" "$KEY" <<'EOF' || fail "tool_choice"
+import json, sys, urllib.request, urllib.error
+url, key = sys.argv[1:3]
+tools = [{"type": "function", "function": {"name": n, "parameters": {"type": "object", "properties": {"x": {"type": "string"}}}}}
+         for n in ("get_time", "get_weather")]
+def chat(extra):
+    b = {"messages": [{"role": "user", "content": "What time is it?"}], "tools": tools, "max_tokens": 90,
+         "thinking": False, "return_token_ids": True}
+    b.update(extra)
+    r = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(b).encode(),
+                               headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    try:
+        return 200, json.loads(urllib.request.urlopen(r).read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+for name in ("get_weather", "get_time"):
+    code, j = chat({"tool_choice": {"type": "function", "function": {"name": name}}})
+    assert code == 200, j
+    c = j["choices"][0]
+    calls = c["message"].get("tool_calls") or []
+    assert len(calls) == 1 and calls[0]["function"]["name"] == name, c
+    json.loads(calls[0]["function"]["arguments"])
+    assert c["finish_reason"] in ("tool_calls", "length"), c
+code, j = chat({"tool_choice": {"type": "function", "function": {"name": "launch"}}})
+assert code == 400 and j["error"]["param"] == "tool_choice" and "launch" in j["error"]["message"], (code, j)
+code, j = chat({"tool_choice": "none"})
+assert code == 200 and not j["choices"][0]["message"].get("tool_calls") and j["choices"][0]["finish_reason"] != "tool_calls", j
+print("tool_choice: named -> a call to that tool (both tools), undeclared -> 400 tool_choice, none -> no call")
+EOF
 
 # ---- stop strings: the text ends before the first match, finish_reason stop ----
 $PY - "$URL" "$KEY" <<'EOF' || fail "stop strings"

@@ -5,10 +5,22 @@
  *   tool-choice / response-format messages; no-thinking leaves the think channel out;
  * - chat_parse: the assistant turn's ids (after the generation prompt) parse back to the same
  *   reasoning, content and tool call (a round trip by ids); marker TEXT in content stays content;
- * - openai_api: refusals name the field. */
+ * - openai_api: refusals name the field;
+ * - tool_choice: a named choice must be declared (400 naming tool_choice); named / "required" give
+ *   the forced ids of xtml_forced_call, which are exactly the renderer's ids of an assistant turn
+ *   that calls the tool (after <|close|>think<|sep|> with thinking, at once without); "none" and
+ *   a named choice filter the parsed calls;
+ * - scheduler on m13 (in-process engine, 3 slots, 5 concurrent greedy requests): forced ids
+ *   enter when their trigger has been generated (and at once with an empty trigger), carry
+ *   logprob 0 and one top entry, and what follows them equals the same ids given as a prompt. */
 #include "check.h"
+#include "common/kernels.h"
 #include "coordinator/chat_parse.h"
+#include "coordinator/experts_local.h"
 #include "coordinator/openai_api.h"
+#include "coordinator/plan.h"
+#include "coordinator/scheduler.h"
+#include "coordinator/trunk.h"
 #include "coordinator/xtml.h"
 
 #include <stdlib.h>
@@ -259,6 +271,235 @@ static void test_api_refusals(void) {
     api_request_free(&r);
 }
 
+static int parse_ok(const char *body, api_request *r) {
+    api_context c = {tok, CHAT_TEMPLATE_K3, tokenizer_vocab_size(tok), 4096, 16, 1};
+    char err[512], param[128];
+    int rc = api_parse(&c, 1, body, strlen(body), r, err, sizeof err, param, sizeof param);
+    if (rc) printf("parse: %s (%s)\n", err, param);
+    return rc;
+}
+
+static char *chat_body(const char *extra) {
+    json_t *o = json_object();
+    json_object_set_new(o, "messages", json_loads("[{\"role\":\"user\",\"content\":\"Time in Paris?\"}]", 0, NULL));
+    json_object_set_new(o, "tools", json_loads(SPEC_TOOLS, 0, NULL));
+    json_t *x = json_loads(extra, 0, NULL);
+    json_object_update(o, x);
+    json_decref(x);
+    char *s = json_dumps(o, JSON_COMPACT);
+    json_decref(o);
+    return s;
+}
+
+static void test_tool_choice(void) {
+    const char *undeclared = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{\"type\":\"function\","
+                             "\"function\":{\"name\":\"f\"}}],\"tool_choice\":{\"type\":\"function\",\"function\":{"
+                             "\"name\":\"g\"}}}";
+    refused(1, undeclared, "tool_choice");
+    refused(1, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tool_choice\":{\"type\":\"function\","
+               "\"function\":{\"name\":\"g\"}}}", "tool_choice");
+    refused(1, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tool_choice\":\"required\"}", "tool_choice");
+    api_request r;
+
+    /* named, thinking on: after </think>, the forced ids are the renderer's own for that call */
+    char *b = chat_body("{\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_weather\"}}}");
+    CHECK(parse_ok(b, &r) == 0, "named tool_choice accepted");
+    free(b);
+    char *after = decode(&r.force_after), *force = decode(&r.force), *prompt = decode(&r.prompt);
+    CHECK(after && !strcmp(after, "<|close|>think<|sep|>"), "force_after '%s'", after ? after : "");
+    CHECK(force && !strcmp(force, "<|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|><|open|>call "
+                                  "tool=\"get_weather\" index=\"1\"<|sep|>"),
+          "force '%s'", force ? force : "");
+    CHECK(r.tool_name && !strcmp(r.tool_name, "get_weather"), "tool_name");
+    CHECK(prompt && !strstr(prompt, "tool-choice"), "a named choice renders no tool-choice message");
+    {
+        json_t *tools = json_loads(SPEC_TOOLS, 0, NULL);
+        xtml_options o = {.thinking = 1, .effort = "max", .tools = tools};
+        chat_ids v = {0}, pat = {0};
+        char param[128];
+        render(SPEC_MESSAGES, &o, &v, param);
+        chat_ids_append(&pat, r.force_after.ids, r.force_after.n);
+        chat_ids_append(&pat, r.force.ids, r.force.n);
+        CHECK(find_ids(&v, pat.ids, pat.n, 0) != (size_t)-1, "forced ids = the rendered assistant turn's ids");
+        chat_ids_free(&v);
+        chat_ids_free(&pat);
+        json_decref(tools);
+    }
+    free(after), free(force), free(prompt);
+    api_request_free(&r);
+
+    /* named, thinking off: at once after the generation prompt's <|open|>response<|sep|> */
+    b = chat_body("{\"tool_choice\":{\"type\":\"function\",\"function\":{\"name\":\"get_time\"}},\"thinking\":false}");
+    CHECK(parse_ok(b, &r) == 0, "named tool_choice without thinking");
+    free(b);
+    force = decode(&r.force);
+    CHECK(r.force_after.n == 0, "no trigger without thinking");
+    CHECK(force && !strcmp(force, "<|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\"get_time\" "
+                                  "index=\"1\"<|sep|>"),
+          "force '%s'", force ? force : "");
+    free(force);
+    api_request_free(&r);
+
+    /* required, two tools: the model writes the name; the tool-choice message is there */
+    b = chat_body("{\"tool_choice\":\"required\"}");
+    CHECK(parse_ok(b, &r) == 0, "required accepted");
+    free(b);
+    force = decode(&r.force);
+    prompt = decode(&r.prompt);
+    CHECK(force && !strcmp(force, "<|open|>response<|sep|><|close|>response<|sep|><|open|>tools<|sep|><|open|>call tool=\""),
+          "required force '%s'", force ? force : "");
+    CHECK(!r.tool_name && prompt && strstr(prompt, "tool_choice=required"), "required: message, no name");
+    free(force), free(prompt);
+    api_request_free(&r);
+
+    /* none: the message, no forcing, calls dropped by the parser */
+    b = chat_body("{\"tool_choice\":\"none\"}");
+    CHECK(parse_ok(b, &r) == 0 && r.tool_choice_none && r.force.n == 0, "none");
+    free(b);
+    api_request_free(&r);
+
+    /* the parser keeps only the named tool's calls, and none with drop_calls */
+    json_t *tools = json_loads(SPEC_TOOLS, 0, NULL);
+    xtml_options o = {.thinking = 1, .effort = "max", .tools = tools};
+    chat_ids v = {0};
+    char param[128];
+    render(SPEC_MESSAGES, &o, &v, param);
+    int32_t open = tokenizer_special_id(tok, "<|open|>"), end = tokenizer_special_id(tok, "<|end_of_msg|>");
+    int32_t sep = tokenizer_special_id(tok, "<|sep|>");
+    size_t at = 0;
+    for (int k = 0; k < 3; k++) at = find_ids(&v, &end, 1, at) + 1;
+    size_t body = find_ids(&v, &sep, 1, find_ids(&v, &open, 1, at + 1)) + 1, stop = find_ids(&v, &end, 1, body);
+    for (int mode = 0; mode < 3; mode++) {
+        chat_parser p;
+        chat_parser_init(&p, tok, CHAT_TEMPLATE_K3, 1);
+        p.drop_calls = mode == 0;
+        p.only_name = mode == 1 ? "get_time" : mode == 2 ? "get_weather" : NULL;
+        for (size_t i = body; i < stop; i++) chat_parser_feed(&p, v.ids[i]);
+        chat_parser_finish(&p);
+        CHECK(p.n_calls == (mode == 2 ? 1u : 0u) && p.content.n == 0, "mode %d: %zu calls, content '%s'", mode,
+              p.n_calls, p.content.p ? p.content.p : "");
+        chat_parser_free(&p);
+    }
+    chat_ids_free(&v);
+    json_decref(tools);
+}
+
+/* ---- the scheduler on m13 ---- */
+
+typedef struct {
+    k3_model m;
+    mem_plan plan;
+    trunk *tr;
+    expert_backend eb;
+    engine en;
+} test_engine;
+
+static int engine_open(test_engine *te, const char *dir) {
+    memset(te, 0, sizeof *te);
+    k3_error err = {0};
+    const kernels *k = kernels_get(SIMD_AUTO);
+    if (!k || model_load(dir, &te->m, &err)) return printf("engine: %s\n", err.msg), -1;
+    if (plan_make(&te->plan, &te->m.cfg, &te->m, 0, 0, 64, 4096, &err)) return printf("plan: %s\n", err.msg), -1;
+    trunk_config tc = {te->plan.n_pinned, te->plan.n_slots, te->plan.lm_chunk_rows};
+    if (!(te->tr = trunk_create(&te->m, &tc, &err))) return printf("trunk: %s\n", err.msg), -1;
+    if (experts_local_create(&te->eb, &te->m, k, te->plan.expert_cache_per_worker, CACHE_POLICY_DEFAULT, &err))
+        return printf("experts: %s\n", err.msg), -1;
+    te->en = (engine){.model = &te->m, .trunk = te->tr, .k = k, .experts = &te->eb};
+    if (engine_init(&te->en, 64, 4096, 2, &err)) return printf("engine_init: %s\n", err.msg), -1;
+    return 0;
+}
+
+static void engine_close(test_engine *te) {
+    engine_free(&te->en);
+    if (te->eb.destroy) te->eb.destroy(&te->eb);
+    trunk_free(te->tr);
+    plan_free(&te->plan);
+    model_free(&te->m);
+}
+
+static int32_t *ids_dup(const int32_t *a, size_t n) {
+    int32_t *o = malloc((n ? n : 1) * sizeof *o);
+    if (o && n) memcpy(o, a, n * sizeof *o);
+    return o;
+}
+
+static gen_request *req(const int32_t *prompt, size_t n, size_t max_tokens) {
+    gen_request *r = gen_request_new();
+    r->prompt = ids_dup(prompt, n);
+    r->n_prompt = n;
+    r->max_tokens = max_tokens;
+    sampler_config_default(&r->sampling);
+    return r;
+}
+
+static void wait_done(gen_request *r) {
+    pthread_mutex_lock(&r->mu);
+    while (!r->done) pthread_cond_wait(&r->cv, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+}
+
+static void test_scheduler_forced(void) {
+    test_engine te;
+    if (engine_open(&te, "tests/models/m13")) {
+        CHECK(0, "cannot open the m13 engine");
+        return;
+    }
+    k3_error err = {0};
+    sched_config sc = {.parallel = 3, .max_queue = 8, .chunk = 16, .max_context = 256};
+    scheduler *s = sched_create(&te.en, &sc, &err);
+    CHECK(s != NULL, "sched_create: %s", err.msg);
+    if (!s) {
+        engine_close(&te);
+        return;
+    }
+    int32_t P[20], F[3] = {400, 401, 402};
+    for (int i = 0; i < 20; i++) P[i] = 300 + i;
+    /* A: plain */
+    gen_request *a = req(P, 20, 16);
+    sched_submit(s, a);
+    wait_done(a);
+    CHECK(a->n_out == 16 && a->finish == FINISH_LENGTH, "A: %zu ids, finish %d", a->n_out, a->finish);
+    /* the trigger: the first pair of A's ids (from index 2) that does not occur earlier */
+    size_t j = 2;
+    for (; j + 2 <= 10; j++) {
+        int seen = 0;
+        for (size_t i = 0; i < j; i++) seen |= a->out[i] == a->out[j] && a->out[i + 1] == a->out[j + 1];
+        if (!seen) break;
+    }
+    size_t cut = j + 2; /* B's output: A's first `cut` ids, F, then the continuation */
+    gen_request *b = req(P, 20, 16), *d = req(P, 20, 7);
+    b->force_after = ids_dup(a->out + j, 2);
+    b->n_force_after = 2;
+    b->force = ids_dup(F, 3);
+    b->n_force = 3;
+    b->want_logprobs = 1;
+    b->top_logprobs = 2;
+    d->force = ids_dup(F, 3); /* no trigger: at once */
+    d->n_force = 3;
+    int32_t pc[40], pe[40];
+    memcpy(pc, P, sizeof P);
+    memcpy(pc + 20, a->out, cut * sizeof *pc);
+    memcpy(pc + 20 + cut, F, sizeof F);
+    memcpy(pe, P, sizeof P);
+    memcpy(pe + 20, F, sizeof F);
+    gen_request *c = req(pc, 23 + cut, 16 - cut - 3), *e = req(pe, 23, 4);
+    gen_request *all[] = {b, c, d, e};
+    for (int i = 0; i < 4; i++) CHECK(sched_submit(s, all[i]) == SCHED_OK, "submit %d", i);
+    for (int i = 0; i < 4; i++) wait_done(all[i]);
+    CHECK(b->n_out == 16 && !memcmp(b->out, a->out, cut * sizeof *b->out) && !memcmp(b->out + cut, F, sizeof F),
+          "B: A's first %zu ids then the forced ids (%zu ids)", cut, b->n_out);
+    CHECK(c->n_out == 16 - cut - 3 && !memcmp(b->out + cut + 3, c->out, c->n_out * sizeof *c->out),
+          "B after the forced ids = the same ids as a prompt (C)");
+    CHECK(b->logprob[cut] == 0 && b->top_id[cut * 2] == F[0] && b->top_id[cut * 2 + 1] == -1 && b->logprob[0] < 0,
+          "forced ids: logprob 0, one top entry");
+    CHECK(d->n_out == 7 && !memcmp(d->out, F, sizeof F) && e->n_out == 4 && !memcmp(d->out + 3, e->out, 4 * sizeof *e->out),
+          "an empty trigger forces at once; the rest = the same ids as a prompt (E)");
+    gen_request_release(a);
+    for (int i = 0; i < 4; i++) gen_request_release(all[i]);
+    sched_destroy(s);
+    engine_close(&te);
+}
+
 int main(void) {
     k3_error err = {0};
     tok = tokenizer_load("tests/models/m13", &err);
@@ -270,6 +511,8 @@ int main(void) {
     test_tool_order_and_system_messages();
     test_marker_text_is_content();
     test_api_refusals();
+    test_tool_choice();
+    test_scheduler_forced();
     tokenizer_free(tok);
     return check_report("test_server");
 }

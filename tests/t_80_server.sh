@@ -6,6 +6,8 @@
 # - load: 8 clients x 4 requests (chat/completions, streamed or not, greedy or seeded) against
 #   4 slots; every answer equals the same prompt ids run alone through `bin/k3 --ids`;
 # - tool_choice: a named function makes the reply a call to it; an undeclared one is 400; none;
+# - K2 template (a tokenizer with <|im_*|> specials, --tok): the rendering is the jinja text, the
+#   reply equals the command line;
 # - a conversation's next turn reuses the kept prefix (cached_tokens > 0) with identical ids;
 # - a client that disconnects mid-stream is cancelled and its slot freed;
 # - a full queue answers 429 with Retry-After;
@@ -243,6 +245,55 @@ if [ -n "$CHROME" ] && command -v node >/dev/null; then
 else
   echo "SKIP chat page: no chromium or node"
 fi
+
+# ---- K2 / Kimi Linear template: a tokenizer with <|im_*|> specials selects it ----
+mkdir -p "$T/k2tok"
+cp "$M/tiktoken.model" "$T/k2tok/"
+$PY - "$M/tokenizer_config.json" "$T/k2tok/tokenizer_config.json" <<'EOF'
+import json, sys
+d = json.load(open(sys.argv[1]))
+names = {"510": "<|im_end|>", "511": "<|im_user|>", "512": "<|im_assistant|>", "513": "<|im_system|>", "514": "<|im_middle|>"}
+for k, v in names.items():
+    d["added_tokens_decoder"][k]["content"] = v
+d["additional_special_tokens"] = [t for t in d.get("additional_special_tokens", []) if t not in
+                                  ("<|end_of_msg|>", "<|open|>", "<|close|>", "<|sep|>")] + list(names.values())
+json.dump(d, open(sys.argv[2], "w"), indent=1)
+EOF
+start k2 --workers 0 --tok "$T/k2tok" --parallel 2
+$PY - "$URL" "$K3" "$M" "$T/k2tok" <<'EOF' || fail "K2 template"
+import json, subprocess, sys, urllib.request, urllib.error
+url, k3, model, tok = sys.argv[1:5]
+def post(path, b):
+    r = urllib.request.Request(url + path, data=json.dumps(b).encode(), headers={"Content-Type": "application/json"})
+    try:
+        return 200, json.loads(urllib.request.urlopen(r).read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi <|im_end|> there"},
+        {"role": "assistant", "content": "Hello!"}, {"role": "user", "content": "And now?"}]
+code, t = post("/tokenize", {"messages": msgs})
+assert code == 200, t
+code, d = post("/detokenize", {"tokens": t["tokens"]})
+want = ("<|im_system|>system<|im_middle|>Be brief.<|im_end|><|im_user|>user<|im_middle|>Hi <|im_end|> there<|im_end|>"
+        "<|im_assistant|>assistant<|im_middle|>Hello!<|im_end|><|im_user|>user<|im_middle|>And now?<|im_end|>"
+        "<|im_assistant|>assistant<|im_middle|>")
+assert d["prompt"] == want, d["prompt"]
+assert t["tokens"].count(510) == 4, "the typed <|im_end|> must stay text"
+code, j = post("/v1/chat/completions", {"messages": msgs, "max_tokens": 12, "return_token_ids": True})
+assert code == 200, j
+c = j["choices"][0]
+out = subprocess.run([k3, model, "--ids", ",".join(map(str, t["tokens"])), "--gen", "12", "--workers", "0",
+                      "--stop-id", "509,510"], capture_output=True, text=True, check=True).stdout.split()
+ref = [int(x) for x in out]
+got = c["token_ids"]
+assert got == ref, (got, ref)
+assert "reasoning_content" not in c["message"] or not c["message"]["reasoning_content"], c
+code, j = post("/v1/chat/completions", {"messages": msgs, "tools": [{"type": "function", "function": {"name": "f"}}],
+                                        "tool_choice": {"type": "function", "function": {"name": "f"}}})
+assert code == 400 and j["error"]["param"] == "tool_choice", j
+print("K2 template: <|im_*|> rendering = the jinja text, reply ids = the command line, named tool_choice 400")
+EOF
+kill -TERM $SPID; wait $SPID || fail "K2 server exit status"
 
 # ---- a full queue answers 429 ----
 start q --workers 0 --parallel 1 --max-queue 1 --http-timeout 1

@@ -494,6 +494,15 @@ static void test_scheduler_forced(void) {
           "forced ids: logprob 0, one top entry");
     CHECK(d->n_out == 7 && !memcmp(d->out, F, sizeof F) && e->n_out == 4 && !memcmp(d->out + 3, e->out, 4 * sizeof *e->out),
           "an empty trigger forces at once; the rest = the same ids as a prompt (E)");
+    /* forced ids that fill max_tokens end the request at once */
+    gen_request *f = req(P, 20, 2);
+    f->force = ids_dup(F, 3);
+    f->n_force = 3;
+    sched_submit(s, f);
+    wait_done(f);
+    CHECK(f->n_out == 2 && f->finish == FINISH_LENGTH && f->out[0] == F[0] && f->out[1] == F[1],
+          "forced ids cut at max_tokens: %zu ids, finish %d", f->n_out, f->finish);
+    gen_request_release(f);
     gen_request_release(a);
     for (int i = 0; i < 4; i++) gen_request_release(all[i]);
     sched_destroy(s);

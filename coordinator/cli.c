@@ -125,6 +125,10 @@ static const cli_flag FLAGS[] = {
     {"draft-max", "K", CLI_LONG, OFF(draft_max), 1, 63, NULL, "4", "speculation: proposals per verification pass"},
     {"draft-ids", "FILE", CLI_STR, OFF(draft_ids), 0, 0, NULL, NULL,
      "speculation: whitespace-separated ids proposed in order as the continuation (with `--draft ids`)"},
+    {"draft-rollback", "auto|states|refeed", CLI_STR, OFF(draft_rollback), 0, 0, NULL, "auto",
+     "speculation: after a rejection, restore the state the verification pass kept at the last accepted position "
+     "(`states`, K copies of the KDA state in the plan) or restore one copy and re-feed the accepted ids (`refeed`, "
+     "a second pass); `auto`: states when the memory budget allows"},
     {"chat", NULL, CLI_SWITCH, OFF(chat), 1, 0, NULL, NULL,
      "interactive chat on stdin/stdout (K3 XTML or K2 `<|im_*|>` template from the tokenizer); `/reset`, `/exit`; "
      "no prompt argument"},

@@ -233,6 +233,31 @@ int feed_tokens(engine *en, seq_state *st, const int32_t *ids, size_t n, size_t 
     return 0;
 }
 
+uint64_t gen_spec_bytes(const k3_config *c, size_t k, int per_position) {
+    return (uint64_t)(k + 1) * (uint64_t)c->vocab_size * sizeof(float) +
+           (uint64_t)(per_position ? k : 1) * seq_state_recurrent_bytes(c);
+}
+
+int gen_seq_speculate(gen_seq *g, const k3_config *c, size_t k, int per_position, k3_error *err) {
+    if (k == 0) k = 1;
+    if (g->spec_rows_cap < k + 1) {
+        float *r = realloc(g->spec_rows, (k + 1) * g->vocab * sizeof *r);
+        if (!r) return k3_fail(err, "out of memory for %zu rows of verification logits", k + 1);
+        g->spec_rows = r;
+        g->spec_rows_cap = k + 1;
+    }
+    size_t copies = per_position ? k : 1;
+    if (!g->spec_snap || copies > g->spec_copies) {
+        void *b = realloc(g->spec_snap, copies * seq_state_recurrent_bytes(c) + 1);
+        if (!b) return k3_fail(err, "out of memory for %zu speculation state copies (%zu bytes each)", copies,
+                               seq_state_recurrent_bytes(c));
+        g->spec_snap = b;
+        g->spec_copies = copies;
+    }
+    g->spec_per_position = per_position;
+    return 0;
+}
+
 int gen_step_spec(engine *en, gen_seq *g, const int32_t *d, size_t k, size_t max_emit, gen_event *ev, size_t *n_ev,
                   k3_error *err) {
     const k3_config *c = &en->model->cfg;
@@ -247,19 +272,22 @@ int gen_step_spec(engine *en, gen_seq *g, const int32_t *d, size_t k, size_t max
     }
     for (size_t i = 0; i < k; i++)
         if (d[i] < 0 || (size_t)d[i] >= g->vocab) return k3_fail(err, "draft id %d is outside the vocabulary", d[i]);
-    if (g->spec_rows_cap < k + 1) {
-        float *r = realloc(g->spec_rows, (k + 1) * g->vocab * sizeof *r);
-        if (!r) return k3_fail(err, "out of memory for %zu rows of verification logits", k + 1);
-        g->spec_rows = r;
-        g->spec_rows_cap = k + 1;
+    if ((!g->spec_snap || g->spec_rows_cap < k + 1 || (g->spec_per_position && g->spec_copies < k)) &&
+        gen_seq_speculate(g, c, k, g->spec_per_position, err))
+        return -1;
+    size_t pos0 = g->st.pos, n0 = g->n, rb = seq_state_recurrent_bytes(c);
+    if (g->spec_per_position) {
+        g->st.keep = g->spec_snap;
+        g->st.keep_n = k;
+    } else {
+        seq_state_save_recurrent(&g->st, c, g->spec_snap);
     }
-    if (!g->spec_snap && !(g->spec_snap = malloc(seq_state_recurrent_bytes(c) + 1)))
-        return k3_fail(err, "out of memory for the speculation snapshot (%zu bytes)", seq_state_recurrent_bytes(c));
-    size_t pos0 = g->st.pos, n0 = g->n;
-    seq_state_save_recurrent(&g->st, c, g->spec_snap);
     memcpy(g->ids + g->n, d, k * sizeof *d); /* proposals sit past the history while verified */
     g->feeding = 1;
-    if (forward_chunk(en, &g->st, g->ids + pos0, k + 1, 0, g->spec_rows, err)) return -1;
+    int frc = forward_chunk(en, &g->st, g->ids + pos0, k + 1, 0, g->spec_rows, err);
+    g->st.keep = NULL;
+    g->st.keep_n = 0;
+    if (frc) return -1;
     g->spec_passes++;
     g->spec_proposed += k;
     size_t e = 0;
@@ -285,7 +313,12 @@ int gen_step_spec(engine *en, gen_seq *g, const int32_t *d, size_t k, size_t max
     }
     /* fed: [pending, picks 0..e-2] = e ids from pos0; the last pick is pending */
     g->n = n0 + e;
-    if (e < k + 1) {
+    if (e == 0 && g->spec_per_position) { /* a failed first pick: the state is undefined (generate.h) */
+        g->st.pos = pos0;
+    } else if (e < k + 1 && g->spec_per_position) { /* the state the pass kept after its row e-1 */
+        seq_state_restore_recurrent(&g->st, c, (const char *)g->spec_snap + (e - 1) * rb, pos0 + e);
+        g->spec_restores++;
+    } else if (e < k + 1) {
         seq_state_restore_recurrent(&g->st, c, g->spec_snap, pos0);
         if (e > 0) {
             g->spec_refeeds++;

@@ -55,11 +55,15 @@ typedef struct {
     float *rows;             /* [chunk][vocab] while rows are watched */
     size_t rows_cap;         /* rows the buffer holds */
     int feeding;             /* a prefill is under way (full_recompute resets once per token) */
-    /* speculation (gen_step_spec): rows of a verification pass, the recurrent snapshot, counters */
+    /* speculation (gen_step_spec, gen_seq_speculate): rows of a verification pass; the recurrent
+     * part before it (re-feed rollback) or after each of its first proposals (per-position
+     * rollback); counters */
     float *spec_rows;
     size_t spec_rows_cap;
     void *spec_snap;
-    uint64_t spec_passes, spec_proposed, spec_accepted, spec_refeeds;
+    size_t spec_copies;      /* copies of the recurrent part spec_snap holds */
+    int spec_per_position;
+    uint64_t spec_passes, spec_proposed, spec_accepted, spec_refeeds, spec_restores;
     /* optional streaming */
     void (*on_token)(void *ctx, int32_t id, int stop);
     void *on_token_ctx;
@@ -93,6 +97,13 @@ int gen_step_batch(engine *en, gen_seq *const *g, size_t n, size_t chunk, gen_ev
 int gen_step(engine *en, gen_seq *g, size_t chunk, gen_event *ev, k3_error *err);
 int gen_feed(engine *en, gen_seq *g, size_t chunk, k3_error *err);
 
+/* Speculation buffers for up to k proposals per pass: k+1 logits rows, and either one copy
+ * of the recurrent part (per_position 0: rollback = restore + re-feed the kept ids, a second
+ * pass) or k copies (per_position 1: the verification pass keeps the state after each
+ * position, rollback = restore, no pass). Bytes: gen_spec_bytes (the plan's speculation line). */
+int gen_seq_speculate(gen_seq *g, const k3_config *c, size_t k, int per_position, k3_error *err);
+uint64_t gen_spec_bytes(const k3_config *c, size_t k, int per_position);
+
 /* Exact speculation. With exactly one pending id (the last pick) and proposals d[0..k) for
  * the ids after it: ONE forward over [pending, d0..d(k-1)] with the logits of all k+1 rows,
  * then picks in order with the sampler, exactly as plain decoding would (the same logits
@@ -101,10 +112,12 @@ int gen_feed(engine *en, gen_seq *g, size_t chunk, k3_error *err);
  * from the last row (all accepted: a bonus id), at a stop id, or after max_emit picks. Each
  * pick is an event (ev[0..*n_ev), room for k+1). The state ends as plain decoding leaves
  * it: every emitted id fed but the last, which is pending. When fewer than k+1 rows were
- * kept, the KDA recurrent state is restored from a snapshot taken before the pass and the
- * kept ids re-fed (MLA rows past the kept positions are simply overwritten later). Ids and
- * logits are those of plain decoding, always. Without exactly one pending id, or with
- * k == 0, it is one gen_step. Returns like gen_step. */
+ * kept, the KDA recurrent state is rolled back (gen_seq_speculate; buffers too small for k
+ * are grown here, keeping the method): restored from the state the pass kept at the last
+ * kept position, or from a snapshot taken before the pass with the kept ids re-fed (MLA rows
+ * past the kept positions are simply overwritten later). Ids and logits are those of plain
+ * decoding, always, with either rollback. Without exactly one pending id, or with k == 0,
+ * it is one gen_step. Returns like gen_step. */
 int gen_step_spec(engine *en, gen_seq *g, const int32_t *d, size_t k, size_t max_emit, gen_event *ev, size_t *n_ev,
                   k3_error *err);
 

@@ -12,11 +12,14 @@
 
 /* Causal depthwise conv of width K, then SiLU, over T tokens; hist holds the
  * previous K-1 inputs ([K-1][P], oldest first) and is advanced past the chunk.
- * ext: room for (K-1+T)*P floats. */
-static void conv_silu(float *io, float *hist, const float *w, size_t T, size_t P, size_t K, float *ext) {
+ * ext: room for (K-1+T)*P floats. With keep_n > 0, the history after token i
+ * (i < keep_n) is also written to keep + i * keep_stride floats. */
+static void conv_silu(float *io, float *hist, const float *w, size_t T, size_t P, size_t K, float *ext, float *keep,
+                      size_t keep_stride, size_t keep_n) {
     size_t H1 = K - 1;
     memcpy(ext, hist, H1 * P * sizeof *ext);
     memcpy(ext + H1 * P, io, T * P * sizeof *ext);
+    for (size_t i = 0; i < keep_n && i < T; i++) memcpy(keep + i * keep_stride, ext + (i + 1) * P, H1 * P * sizeof *ext);
     for (size_t t = 0; t < T; t++)
         for (size_t c = 0; c < P; c++) {
             double s = 0;
@@ -96,12 +99,15 @@ int kda_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const kda_
     if (trunk_matmul(tp, k, &w->b, x, R, b, err)) goto out;
     if (trunk_matmul(tp, k, &w->g, x, R, gate, err)) goto out;
     size_t hist = (K - 1) * P;
+    /* per-position states (state.h keep): S after token i at keep_S(s, i), its conv history after it */
+    size_t kstride = seq_state_recurrent_bytes(c) / sizeof(float), koff = seq_state_recurrent_offset(c, l) / sizeof(float);
     for (size_t s = 0; s < nseg; s++) {
         kda_state *st = &sg[s].st->kda[l];
-        size_t r0 = sg[s].row0, n = sg[s].n;
-        conv_silu(q + r0 * P, st->conv, w->conv_q, n, P, K, B.ext);
-        conv_silu(kk + r0 * P, st->conv + hist, w->conv_k, n, P, K, B.ext);
-        conv_silu(v + r0 * P, st->conv + 2 * hist, w->conv_v, n, P, K, B.ext);
+        size_t r0 = sg[s].row0, n = sg[s].n, kn = sg[s].st->keep ? sg[s].st->keep_n : 0;
+        float *kc = kn ? (float *)sg[s].st->keep + koff + H * D * D : NULL;
+        conv_silu(q + r0 * P, st->conv, w->conv_q, n, P, K, B.ext, kc, kstride, kn);
+        conv_silu(kk + r0 * P, st->conv + hist, w->conv_k, n, P, K, B.ext, kc ? kc + hist : NULL, kstride, kn);
+        conv_silu(v + r0 * P, st->conv + 2 * hist, w->conv_v, n, P, K, B.ext, kc ? kc + 2 * hist : NULL, kstride, kn);
     }
     size_t jobs = nseg * H;
 #pragma omp parallel for schedule(static) num_threads(nthreads)
@@ -110,6 +116,8 @@ int kda_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const kda_
         double *alpha = B.head + (size_t)omp_get_thread_num() * 3 * D;
         double *acc = alpha + D;
         float *S = sg[s].st->kda[l].S + h * D * D;
+        size_t kn = sg[s].st->keep ? sg[s].st->keep_n : 0;
+        float *kS = kn ? (float *)sg[s].st->keep + koff + h * D * D : NULL;
         double decay_rate = exp((double)w->a_log[h]); /* A_log is per HEAD */
         for (size_t t = sg[s].row0; t < sg[s].row0 + sg[s].n; t++) {
             float *qh = q + t * P + h * D, *kh = kk + t * P + h * D, *oh = o + t * P + h * D;
@@ -123,6 +131,7 @@ int kda_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const kda_
                 alpha[j] = exp(g);
             }
             kda_head_step(S, qh, kh, v + t * P + h * D, alpha, beta, D, oh, acc);
+            if (t - sg[s].row0 < kn) memcpy(kS + (t - sg[s].row0) * kstride, S, D * D * sizeof *S);
             rmsnorm(oh, oh, w->o_norm, D, c->rms_norm_eps);
             for (size_t j = 0; j < D; j++) oh[j] = (float)((double)oh[j] * sigmoid_d(gate[t * P + h * D + j]));
         }

@@ -60,7 +60,7 @@ typedef struct {
     double prefill_s, decode_s;
     size_t prefill_ids;  /* positions this run's prefill step computed (after a state or snapshot) */
     size_t first_ids;    /* ids the prefill's step emitted (1; more with a speculative first step) */
-    uint64_t spec_passes, spec_proposed, spec_accepted, spec_refeeds, decode_passes;
+    uint64_t spec_passes, spec_proposed, spec_accepted, spec_refeeds, spec_restores, decode_passes;
     int streamed;        /* the text was printed while generating */
     int finished;        /* --resume of a run that had already finished */
     size_t n_loaded;     /* --load-state: history ids that came from the file */
@@ -127,9 +127,8 @@ static void keep_row(void *ctx, size_t pos, const float *row) {
 
 /* Runs the generation through the one generation step; with stream_tok, the
  * generated text goes to stdout as it is produced. Returns an exit status. */
-static int run(engine *en, const options *o, const draft_source *draft, const tokenizer *stream_tok, run_result *r,
-               const persist *ps,
-               k3_error *err) {
+static int run(engine *en, const options *o, const draft_source *draft, int spec_pp, const tokenizer *stream_tok,
+               run_result *r, const persist *ps, k3_error *err) {
     const k3_config *c = &en->model->cfg;
     size_t V = (size_t)c->vocab_size, n = r->n_prompt, N = (size_t)o->gen;
     size_t i0 = r->n_gen, have = n + i0; /* --resume: ids generated before the interruption */
@@ -153,6 +152,7 @@ static int run(engine *en, const options *o, const draft_source *draft, const to
     g.on_token = print_token;
     g.on_token_ctx = &tp;
     if (keep && gen_seq_watch_rows(&g, r->first_pos, (size_t)o->chunk, keep_row, &rk, err)) goto out;
+    if (draft && gen_seq_speculate(&g, c, (size_t)o->draft_max, spec_pp, err)) goto out;
     double t0 = k3_now_s();
     uint64_t passes0 = en->passes;
     size_t pos0 = 0; /* positions already in the state when the prefill starts */
@@ -218,6 +218,7 @@ static int run(engine *en, const options *o, const draft_source *draft, const to
     r->spec_proposed = g.spec_proposed;
     r->spec_accepted = g.spec_accepted;
     r->spec_refeeds = g.spec_refeeds;
+    r->spec_restores = g.spec_restores;
     if (o->checkpoint) { /* the finished run: a --resume of it reports it whole */
         double tc = k3_now_s();
         if (save_run(o->checkpoint, ps, c, &g, o, n, N, err)) goto out;
@@ -439,7 +440,9 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         json_object_set_new(sp, "verify_passes", json_integer((json_int_t)r->spec_passes));
         json_object_set_new(sp, "proposed", json_integer((json_int_t)r->spec_proposed));
         json_object_set_new(sp, "accepted", json_integer((json_int_t)r->spec_accepted));
+        json_object_set_new(sp, "rollback", json_string(ri->plan && ri->plan->spec_per_position ? "states" : "refeed"));
         json_object_set_new(sp, "refeeds", json_integer((json_int_t)r->spec_refeeds));
+        json_object_set_new(sp, "restores", json_integer((json_int_t)r->spec_restores));
         json_object_set_new(sp, "decode_passes", json_integer((json_int_t)r->decode_passes));
         json_object_set_new(sp, "trunk_bytes_per_pass", json_integer((json_int_t)trunk_bytes));
         json_object_set_new(sp, "passes_per_token",
@@ -563,7 +566,16 @@ static size_t planned_context(const options *o, size_t n_prompt) {
  * inputs give the same plan, --expert-cache-mb included. */
 static int make_plan(const options *o, const k3_config *cfg, const k3_model *m, uint64_t budget, int n_workers, size_t ctx,
                      mem_plan *plan, k3_error *err) {
-    if (plan_make(plan, cfg, m, budget, n_workers, (size_t)o->chunk, ctx, err)) return -1;
+    /* speculation: --draft-max proposals; rollback from per-position states unless refused or
+     * (auto) the budget does not hold them, then one copy and a re-feed */
+    size_t spec_k = o->draft && strcmp(o->draft, "none") ? (size_t)o->draft_max : 0;
+    const char *rb = o->draft_rollback ? o->draft_rollback : "auto";
+    int pp = strcmp(rb, "refeed") != 0;
+    if (plan_make_spec(plan, cfg, m, budget, n_workers, (size_t)o->chunk, ctx, spec_k, pp, err)) {
+        if (!(spec_k && !strcmp(rb, "auto"))) return -1;
+        k3_error e2 = {0};
+        if (plan_make_spec(plan, cfg, m, budget, n_workers, (size_t)o->chunk, ctx, spec_k, 0, &e2)) return -1;
+    }
     if (o->cache_mb > 0 && plan_set_expert_cache(plan, (uint64_t)(o->cache_mb * 1048576.0), err)) {
         plan_free(plan);
         return -1;
@@ -612,6 +624,12 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     {
         k3_error de = {0};
         if (draft_open(&draft, o.draft, o.draft_ids, &de)) { fprintf(stderr, "k3: %s\n", de.msg); return outputs_finish(EXIT_USAGE); }
+        const char *rb = o.draft_rollback ? o.draft_rollback : "auto";
+        if (strcmp(rb, "auto") && strcmp(rb, "states") && strcmp(rb, "refeed")) {
+            fprintf(stderr, "k3: --draft-rollback wants auto|states|refeed, got '%s'\n", rb);
+            draft_close(&draft);
+            return outputs_finish(EXIT_USAGE);
+        }
         if (draft.kind != DRAFT_NONE && (o.chat || o.serve || o.full_recompute)) {
             fprintf(stderr, "k3: --draft works with --ids/--prompt runs (not yet with --chat, --serve or --full-recompute)\n");
             draft_close(&draft);
@@ -894,7 +912,8 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
             r.streamed = 1;
         }
     }
-    else status = run(&en, &o, draft.kind != DRAFT_NONE ? &draft : NULL, ps.text ? tok : NULL, &r, &ps, &err);
+    else status = run(&en, &o, draft.kind != DRAFT_NONE ? &draft : NULL, plan.spec_per_position, ps.text ? tok : NULL, &r,
+                      &ps, &err);
     int trace_err = 0;
     if (trace && ((ferror(trace) | fclose(trace)) != 0)) trace_err = errno ? errno : EIO;
     if (status != EXIT_OK) fprintf(stderr, "k3: %s\n", err.msg);

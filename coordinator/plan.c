@@ -1,6 +1,7 @@
 /* plan.c - the memory plan (see plan.h). */
 #include "coordinator/plan.h"
 #include "coordinator/forward.h"
+#include "coordinator/generate.h"
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -86,7 +87,15 @@ static uint64_t small_bytes_of(const k3_config *c, const ls_layout *lay) {
 
 int plan_make(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t budget, int W, size_t T, size_t ctx,
               k3_error *err) {
+    return plan_make_spec(p, c, m, budget, W, T, ctx, 0, 0, err);
+}
+
+int plan_make_spec(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t budget, int W, size_t T, size_t ctx,
+                   size_t spec_k, int spec_pp, k3_error *err) {
     memset(p, 0, sizeof *p);
+    p->spec_k = spec_k;
+    p->spec_per_position = spec_k ? spec_pp : 0;
+    p->spec_bytes = spec_k ? gen_spec_bytes(c, spec_k, spec_pp) : 0;
     p->budget = budget;
     p->n_workers = W;
     p->chunk = T;
@@ -131,7 +140,7 @@ int plan_make(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t budge
     }
     uint64_t servers = W ? (uint64_t)W : 1;
     uint64_t fixed = (1 + (uint64_t)W) * p->process_bytes + p->small_bytes + p->state_bytes + p->scratch_bytes +
-                     p->ring_bytes + p->worker_scratch_bytes;
+                     p->ring_bytes + p->worker_scratch_bytes + p->spec_bytes;
     p->floor = fixed + PLAN_MIN_SLOTS * p->slot_bytes + servers * p->expert_slot_bytes;
     uint64_t per_server_all = ((p->n_experts_total + servers - 1) / servers) * p->expert_slot_bytes;
     if (budget == 0) { /* everything resident */
@@ -195,6 +204,10 @@ void plan_print(const mem_plan *p, const k3_config *c, FILE *f) {
     fprintf(f, "  sequence state         %12.1f MiB  (KDA state + MLA latent cache for %zu positions)\n",
             p->state_bytes / MIB, p->max_context);
     fprintf(f, "  scratch                %12.1f MiB  (activations of a %zu-token chunk)\n", p->scratch_bytes / MIB, p->chunk);
+    if (p->spec_k)
+        fprintf(f, "  speculation            %12.1f MiB  (%zu logits rows; %s)\n", p->spec_bytes / MIB, p->spec_k + 1,
+                p->spec_per_position ? "the state after each proposal: rollback without a pass"
+                                     : "one state copy: rollback re-feeds the accepted ids");
     if (p->n_workers)
         fprintf(f, "  rings + server scratch %12.1f MiB\n", (p->ring_bytes + p->worker_scratch_bytes) / MIB);
     fprintf(f, "  trunk pinned           %12.1f MiB  (%d of %d walk units, %.1f MiB in all)\n", p->pinned_bytes / MIB,

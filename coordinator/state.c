@@ -63,6 +63,13 @@ size_t seq_state_recurrent_bytes(const k3_config *cfg) {
     return n;
 }
 
+size_t seq_state_recurrent_offset(const k3_config *cfg, int l) {
+    size_t n = 0;
+    for (int i = 0; i < l; i++)
+        if (!cfg->layer_is_mla[i]) n += (kda_s_floats(cfg) + kda_conv_floats(cfg)) * sizeof(float);
+    return n;
+}
+
 void seq_state_save_recurrent(const seq_state *s, const k3_config *cfg, void *buf) {
     char *p = buf;
     for (int l = 0; l < s->n_layers; l++) {

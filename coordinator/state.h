@@ -29,6 +29,11 @@ typedef struct {
     kda_state *kda;
     mla_state *mla;
     size_t max_pos; /* 0, or the planned context (--max-context): never more positions, never more cache */
+    /* optional, set for one forward call (speculation): the recurrent part after each of the
+     * call's first keep_n tokens, at keep + i * seq_state_recurrent_bytes (the layout of
+     * seq_state_save_recurrent), written by the KDA layers as they go (no extra pass) */
+    void *keep;
+    size_t keep_n;
 } seq_state;
 
 int seq_state_init(seq_state *s, const k3_config *cfg, k3_error *err);
@@ -45,5 +50,8 @@ void seq_state_free(seq_state *s);
 size_t seq_state_recurrent_bytes(const k3_config *cfg);
 void seq_state_save_recurrent(const seq_state *s, const k3_config *cfg, void *buf);
 void seq_state_restore_recurrent(seq_state *s, const k3_config *cfg, const void *buf, size_t pos);
+/* Where KDA layer l's S ([H][D][D] floats) starts in that layout; its conv history
+ * ([3][K-1][P] floats) follows it. */
+size_t seq_state_recurrent_offset(const k3_config *cfg, int l);
 
 #endif

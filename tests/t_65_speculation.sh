@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # t_65_speculation.sh - exact speculative decoding: with every draft source, at 100 %,
 # partial and 0 % acceptance, greedy and seeded sampling, in-process and with expert
-# servers, at the memory floor, the ids AND the logits rows are those of plain decoding;
+# servers, at the memory floor, with both rollbacks (per-position states, snapshot +
+# re-feed), the ids AND the logits rows are those of plain decoding; the speculation
+# buffers are a plan line (--plan-only == a loaded run; auto falls back to re-feed when
+# the budget does not hold the states);
 # stop ids and --gen are respected inside an accepted run; a server killed during a
 # verification pass changes nothing.
 set -u
@@ -23,20 +26,28 @@ for mode in "--workers 0" "--workers 2" "--workers 0 --mem-gb 0.018" "--workers 
   awk '{ if (NR % 3 == 0) print ($1 + 1) % 600; else print $1 }' "$T/good.ids" > "$T/part.ids"
   seq 600 620 > "$T/wrong.ids"
   for d in "ids --draft-ids $T/good.ids" "ids --draft-ids $T/part.ids" "ids --draft-ids $T/wrong.ids" "ngram"; do
-    for k in 1 4 9; do
-      run $mode --draft $d --draft-max $k --dump-logits "$T/s.f32" --json "$T/s.json" > "$T/s.ids" || { bad "run ($mode, --draft $d, k $k)"; continue; }
-      cmp -s "$T/s.ids" "$T/base.ids" || bad "ids differ ($mode, --draft $d, k $k)"
-      cmp -s "$T/s.f32" "$T/base.f32" || bad "logits differ ($mode, --draft $d, k $k)"
+    # rollback from per-position states (the default) at k 1, 4, 9; snapshot + re-feed at k 4
+    for kr in "1 states" "4 states" "9 states" "4 refeed"; do
+      set -- $kr; k=$1; rb=$2
+      run $mode --draft $d --draft-max $k --draft-rollback $rb --dump-logits "$T/s.f32" --json "$T/s.json" > "$T/s.ids" || { bad "run ($mode, --draft $d, k $k, $rb)"; continue; }
+      cmp -s "$T/s.ids" "$T/base.ids" || bad "ids differ ($mode, --draft $d, k $k, $rb)"
+      cmp -s "$T/s.f32" "$T/base.f32" || bad "logits differ ($mode, --draft $d, k $k, $rb)"
     done
   done
   # 100 % acceptance really skips passes; 0 % accepts nothing
   run $mode --draft ids --draft-ids "$T/good.ids" --draft-max 4 --json "$T/g.json" > /dev/null
   run $mode --draft ids --draft-ids "$T/wrong.ids" --draft-max 4 --json "$T/w.json" > /dev/null
-  "${PYTHON:-/usr/bin/python3}" - "$T/g.json" "$T/w.json" <<'PY' || bad "acceptance counters ($mode)"
+  # partial acceptance: per-position states restore without a pass; re-feed makes one
+  run $mode --draft ids --draft-ids "$T/part.ids" --draft-max 4 --json "$T/ps.json" > /dev/null
+  run $mode --draft ids --draft-ids "$T/part.ids" --draft-max 4 --draft-rollback refeed --json "$T/pr.json" > /dev/null
+  "${PYTHON:-/usr/bin/python3}" - "$T/g.json" "$T/w.json" "$T/ps.json" "$T/pr.json" <<'PY' || bad "acceptance counters ($mode)"
 import json, sys
-g = json.load(open(sys.argv[1]))["speculation"]; w = json.load(open(sys.argv[2]))["speculation"]
+g, w, ps, pr = (json.load(open(a))["speculation"] for a in sys.argv[1:])
 assert g["accepted"] == g["proposed"] > 0 and g["passes_per_token"] < 0.5, g
 assert w["accepted"] == 0 and w["proposed"] > 0, w
+assert ps["rollback"] == "states" and ps["refeeds"] == 0 and ps["restores"] > 0, ps
+assert ps["decode_passes"] < pr["decode_passes"], (ps, pr)
+assert pr["rollback"] == "refeed" and pr["refeeds"] > 0 and pr["restores"] == 0, pr
 PY
 done
 
@@ -56,7 +67,30 @@ K3_FAULT=crash:4:1 "$K3" $M --ids $P --gen 14 --workers 2 --draft ids --draft-id
 grep -q "killed by signal 9" "$T/k.err" || bad "the server crash was not injected"
 cmp -s "$T/k.ids" "$T/base.ids" || bad "ids differ after a server crash during verification"
 
+# the speculation buffers are in the plan: --plan-only and a loaded run agree; --draft-rollback
+# auto takes per-position states when the budget holds them, else one copy and re-feed
+plan_of() { awk '/^memory plan/{p=1} p{print} p&&/^  total/{exit}' "$1"; }
+for a in "--draft ngram --draft-max 4 --preset max" "--draft ngram --draft-max 6 --draft-rollback refeed --mem-gb 1" "--draft ngram --mem-gb 0.05"; do
+  "$K3" $M --plan-only --max-context 26 $a > "$T/po.out" 2>&1 || bad "--plan-only $a"
+  "$K3" $M --ids $P --gen 14 --max-context 26 $a > /dev/null 2> "$T/pr.err" || bad "run $a"
+  plan_of "$T/po.out" > "$T/pa"; plan_of "$T/pr.err" > "$T/pb"
+  grep -q "^  speculation" "$T/pa" || bad "no speculation line in the plan ($a)"
+  diff "$T/pa" "$T/pb" > /dev/null || { diff "$T/pa" "$T/pb"; bad "--plan-only and the run print different plans ($a)"; }
+done
+floor_of() { "$K3" $M --plan-only --max-context 26 --mem-gb 0.0001 "$@" 2>&1 | sed -n 's/.*floor of [0-9.]* GiB (\([0-9]*\) bytes).*/\1/p'; }
+fs=$(floor_of --draft ngram --draft-rollback states); fr=$(floor_of --draft ngram --draft-rollback refeed)
+if [ -n "$fs" ] && [ -n "$fr" ] && [ "$fs" -gt "$fr" ]; then
+  gb=$("${PYTHON:-/usr/bin/python3}" -c "print('%.9f' % (($fr + $fs) / 2 / 2**30))")
+  "$K3" $M --plan-only --max-context 26 --draft ngram --mem-gb "$gb" 2>&1 | grep -q "re-feeds the accepted" || bad "auto: no fallback to re-feed between the floors"
+  "$K3" $M --plan-only --max-context 26 --draft ngram --draft-rollback states --mem-gb "$gb" > /dev/null 2>&1 && bad "states below its floor must be refused"
+  "$K3" $M --ids $P --gen 14 --max-context 26 --draft ngram --mem-gb "$gb" --json "$T/fb.json" > "$T/fb.ids" 2>/dev/null || bad "auto run between the floors"
+  grep -q '"rollback": *"refeed"' "$T/fb.json" || bad "auto between the floors: not re-feed"
+else
+  bad "no floors for states ($fs) and refeed ($fr)"
+fi
+
 # refusals
+"$K3" $M --ids $P --draft ngram --draft-rollback sometimes 2>/dev/null; [ $? -eq 2 ] || bad "--draft-rollback sometimes must exit 2"
 "$K3" $M --ids $P --draft ids 2>/dev/null; [ $? -eq 2 ] || bad "--draft ids without --draft-ids must exit 2"
 "$K3" $M --ids $P --draft bogus 2>/dev/null; [ $? -eq 2 ] || bad "--draft bogus must exit 2"
 echo "1 x 2" > "$T/junk.ids"

@@ -1,0 +1,218 @@
+/* Job: unit tests for the rollback of exact speculation (coordinator/generate.c gen_step_spec,
+ * the per-position states of coordinator/kda.c and state.h keep), on tests/models/m13 and
+ * m14b12, run from the repository root (make unit).
+ *   - per-position states: one chunk with keep_n set leaves, after each of its first keep_n
+ *     tokens, the recurrent part (every KDA S and conv history) bit for bit equal to the one a
+ *     token-by-token feed has after that token; the state at the end of the chunk is unchanged
+ *     by keeping (== a chunk without keep).
+ *   - gen_step_spec with both rollbacks (per-position states, snapshot + re-feed), greedy and
+ *     seeded sampling, proposals right / partly right / wrong, k = 1..6: the ids, every logits
+ *     row and the state after the run (recurrent part, position) are those of plain decoding;
+ *     the per-position rollback makes no extra pass (passes == verification passes), the
+ *     re-feed one pass per rejected block with accepted ids. */
+#include "common/kernels.h"
+#include "coordinator/experts_local.h"
+#include "coordinator/generate.h"
+#include "coordinator/plan.h"
+#include "coordinator/trunk.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+
+#define CHECK(cond, ...)                                                    \
+    do {                                                                    \
+        if (!(cond)) {                                                      \
+            failures++;                                                     \
+            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                   \
+            fputc('\n', stderr);                                            \
+        }                                                                   \
+    } while (0)
+
+static void die(const char *msg) {
+    fprintf(stderr, "fatal: %s\n", msg);
+    exit(2);
+}
+
+typedef struct {
+    k3_model m;
+    mem_plan plan;
+    trunk *tr;
+    expert_backend eb;
+    engine en;
+} test_engine;
+
+static void engine_open(test_engine *te, const char *dir) {
+    memset(te, 0, sizeof *te);
+    k3_error err = {0};
+    const kernels *k = kernels_get(SIMD_AUTO);
+    if (!k) die("no kernels");
+    if (model_load(dir, &te->m, &err)) die(err.msg);
+    if (plan_make(&te->plan, &te->m.cfg, &te->m, 0, 0, 16, 256, &err)) die(err.msg);
+    trunk_config tc = {te->plan.n_pinned, te->plan.n_slots, te->plan.lm_chunk_rows};
+    if (!(te->tr = trunk_create(&te->m, &tc, &err))) die(err.msg);
+    if (experts_local_create(&te->eb, &te->m, k, te->plan.expert_cache_per_worker, CACHE_POLICY_DEFAULT, &err))
+        die(err.msg);
+    te->en = (engine){.model = &te->m, .trunk = te->tr, .k = k, .experts = &te->eb};
+    if (engine_init(&te->en, 16, 256, 2, &err)) die(err.msg);
+}
+
+static void engine_close(test_engine *te) {
+    engine_free(&te->en);
+    if (te->eb.destroy) te->eb.destroy(&te->eb);
+    trunk_free(te->tr);
+    plan_free(&te->plan);
+    model_free(&te->m);
+}
+
+#define NP 9
+#define NGEN 24
+
+static void prompt_of(int V, int32_t *p) {
+    for (int i = 0; i < NP; i++) p[i] = (int32_t)((i * 37 + 11) % V);
+}
+
+static void test_keep(test_engine *te, const char *name) {
+    const k3_config *c = &te->m.cfg;
+    k3_error err = {0};
+    int32_t ids[NP];
+    prompt_of(c->vocab_size, ids);
+    size_t rb = seq_state_recurrent_bytes(c), kn = 6;
+    seq_state a, b, nk;
+    if (seq_state_init(&a, c, &err) || seq_state_init(&b, c, &err) || seq_state_init(&nk, c, &err)) die(err.msg);
+    char *keep = malloc(kn * rb + 1), *one = malloc(rb + 1), *two = malloc(rb + 1);
+    if (!keep || !one || !two) die("out of memory");
+    /* a: 2 ids, then 7 in one chunk keeping the first 6 states; b: one at a time */
+    if (forward_chunk(&te->en, &a, ids, 2, 2, NULL, &err) || forward_chunk(&te->en, &nk, ids, 2, 2, NULL, &err)) die(err.msg);
+    a.keep = keep;
+    a.keep_n = kn;
+    if (forward_chunk(&te->en, &a, ids + 2, NP - 2, NP - 2, NULL, &err)) die(err.msg);
+    a.keep = NULL;
+    a.keep_n = 0;
+    if (forward_chunk(&te->en, &nk, ids + 2, NP - 2, NP - 2, NULL, &err)) die(err.msg);
+    for (size_t i = 0; i < NP; i++) {
+        if (forward_chunk(&te->en, &b, ids + i, 1, 1, NULL, &err)) die(err.msg);
+        if (i >= 2 && i - 2 < kn)
+            CHECK(!memcmp(keep + (i - 2) * rb, (seq_state_save_recurrent(&b, c, one), one), rb),
+                  "%s: the state kept after chunk token %zu differs from a token-by-token feed", name, i - 2);
+    }
+    seq_state_save_recurrent(&a, c, one);
+    seq_state_save_recurrent(&nk, c, two);
+    CHECK(!memcmp(one, two, rb) && a.pos == nk.pos, "%s: keeping states changed the chunk's final state", name);
+    seq_state_free(&a);
+    seq_state_free(&b);
+    seq_state_free(&nk);
+    free(keep);
+    free(one);
+    free(two);
+}
+
+typedef struct {
+    float *rows;
+    size_t V, n;
+} rows_log;
+
+static void log_row(void *ctx, size_t pos, const float *row) {
+    rows_log *l = ctx;
+    if (pos < l->n) memcpy(l->rows + pos * l->V, row, l->V * sizeof *row);
+}
+
+/* One run of NGEN ids: plain (mode < 0) or speculative with rollback mode (1 states, 0
+ * re-feed) and proposals from want (every `wrong`-th one altered; wrong 1 = all wrong). */
+static void gen_run(test_engine *te, const sampler_config *sc, int mode, size_t k, const int32_t *want, int wrong,
+                    int32_t *out, float *rows, char *state, size_t *pos, uint64_t *passes, gen_seq *stats) {
+    const k3_config *c = &te->m.cfg;
+    k3_error err = {0};
+    size_t V = (size_t)c->vocab_size, cap = NP + NGEN;
+    int32_t ids[NP];
+    prompt_of(c->vocab_size, ids);
+    gen_seq g;
+    if (gen_seq_init(&g, c, sc, NULL, 0, cap, &err)) die(err.msg);
+    rows_log rl = {rows, V, cap};
+    if (gen_seq_watch_rows(&g, 0, 16, log_row, &rl, &err)) die(err.msg);
+    if (mode >= 0 && gen_seq_speculate(&g, c, k, mode, &err)) die(err.msg);
+    if (gen_seq_push(&g, ids, NP, &err)) die(err.msg);
+    uint64_t p0 = 0;
+    for (size_t i = 0; i < NGEN;) {
+        gen_event ev[8];
+        size_t nev = 1, nk = 0;
+        int32_t d[8];
+        if (i > 0 && mode >= 0)
+            for (; nk < k && i + nk < NGEN; nk++)
+                d[nk] = wrong && (wrong == 1 || (i + nk) % (size_t)wrong == 0) ? (want[i + nk] + 1) % (int32_t)V : want[i + nk];
+        if (i == 1) p0 = te->en.passes;
+        int rc = nk ? gen_step_spec(&te->en, &g, d, nk, NGEN - i, ev, &nev, &err) : gen_step(&te->en, &g, 16, ev, &err);
+        if (rc) die(err.msg);
+        for (size_t j = 0; j < nev; j++) out[i++] = ev[j].id;
+    }
+    if (gen_feed(&te->en, &g, 16, &err)) die(err.msg); /* the last id too: compare whole states */
+    seq_state_save_recurrent(&g.st, c, state);
+    *pos = g.st.pos;
+    *passes = te->en.passes - p0;
+    if (stats) *stats = g;
+    else gen_seq_free(&g);
+}
+
+static void test_spec(test_engine *te, const char *name) {
+    const k3_config *c = &te->m.cfg;
+    size_t V = (size_t)c->vocab_size, rb = seq_state_recurrent_bytes(c), cap = NP + NGEN;
+    float *r0 = calloc(cap * V, sizeof *r0), *r1 = calloc(cap * V, sizeof *r1);
+    char *s0 = malloc(rb + 1), *s1 = malloc(rb + 1);
+    int32_t want[NGEN], got[NGEN];
+    if (!r0 || !r1 || !s0 || !s1) die("out of memory");
+    for (int seeded = 0; seeded <= 1; seeded++) {
+        sampler_config sc;
+        sampler_config_default(&sc);
+        if (seeded) { sc.temperature = 0.9; sc.top_p = 0.95; sc.seed = 11; }
+        size_t pos0, pos1;
+        uint64_t pp;
+        gen_run(te, &sc, -1, 0, NULL, 0, want, r0, s0, &pos0, &pp, NULL);
+        for (int mode = 0; mode <= 1; mode++)
+            for (size_t k = 1; k <= 4; k += 3)
+                for (int wrong = 0; wrong <= 3; wrong++) {
+                    gen_seq g;
+                    uint64_t passes;
+                    memset(r1, 0, cap * V * sizeof *r1);
+                    gen_run(te, &sc, mode, k, want, wrong, got, r1, s1, &pos1, &passes, &g);
+                    const char *how = mode ? "states" : "refeed";
+                    CHECK(!memcmp(got, want, sizeof want), "%s %s k %zu wrong %d seeded %d: ids differ", name, how, k,
+                          wrong, seeded);
+                    CHECK(!memcmp(r0, r1, cap * V * sizeof *r0), "%s %s k %zu wrong %d seeded %d: logits differ", name,
+                          how, k, wrong, seeded);
+                    CHECK(pos0 == pos1 && !memcmp(s0, s1, rb), "%s %s k %zu wrong %d seeded %d: final state differs",
+                          name, how, k, wrong, seeded);
+                    /* passes after the first pick: verification passes, single steps, re-feeds, the final feed */
+                    uint64_t singles = passes - g.spec_passes - g.spec_refeeds - 1;
+                    if (mode) CHECK(g.spec_refeeds == 0, "%s states: %llu re-feeds", name, (unsigned long long)g.spec_refeeds);
+                    else CHECK(g.spec_restores == 0, "%s refeed: %llu restores", name, (unsigned long long)g.spec_restores);
+                    if (wrong == 0) CHECK(g.spec_accepted == g.spec_proposed && g.spec_proposed > 0, "%s %s k %zu: all accepted", name, how, k);
+                    if (wrong == 1) CHECK(g.spec_accepted == 0, "%s %s k %zu: none accepted", name, how, k);
+                    CHECK(singles < NGEN, "%s %s: pass count", name, how);
+                    gen_seq_free(&g);
+                }
+    }
+    free(r0);
+    free(r1);
+    free(s0);
+    free(s1);
+}
+
+int main(void) {
+    const char *models[] = {"tests/models/m13", "tests/models/m14b12"};
+    for (size_t i = 0; i < 2; i++) {
+        test_engine te;
+        engine_open(&te, models[i]);
+        test_keep(&te, models[i]);
+        test_spec(&te, models[i]);
+        engine_close(&te);
+    }
+    if (failures) {
+        fprintf(stderr, "test_spec: %d failure(s)\n", failures);
+        return 1;
+    }
+    printf("test_spec: ok\n");
+    return 0;
+}

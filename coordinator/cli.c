@@ -209,7 +209,8 @@ static const cli_flag FLAGS[] = {
      "`k3 MODEL --resume FILE`: continue an interrupted run from its checkpoint to its `--gen` target; stdout and "
      "`--json` report the whole run"},
     {"state-dir", "DIR", CLI_STR, OFF(state_dir), 0, 0, NULL, NULL,
-     "keep prefix snapshots on disk in DIR (a new prompt that extends a stored history feeds only the rest); "
+     "keep prefix snapshots on disk in DIR (a new prompt that extends a stored history feeds only the rest; "
+     "with `--serve` they outlive a restart); "
      "`--state-dir-mb` caps the files (least recently used deleted first)"},
     {"state-dir-mb", "MB", CLI_DOUBLE, OFF(state_dir_mb), 1, 1e9, NULL, "4096", NULL},
     {"dump-expert-trace", "FILE", CLI_STR, OFF(trace_path), 0, 0, NULL, NULL,

@@ -845,7 +845,7 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     if (engine_init(&en, (size_t)o.chunk, ctx, ri.threads, &err)) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
     ri.load_experts_s = k3_now_s() - t0;
     ri.load_s = ri.load_model_s + ri.load_trunk_s + ri.load_experts_s;
-    if (o.state_dir || o.chat) { /* prefix snapshots: in memory within the plan, on disk with --state-dir */
+    if ((o.state_dir || o.chat) && !o.serve) { /* prefix snapshots: in memory within the plan, on disk with --state-dir (--serve opens its own) */
         snap_options so = {.cfg = &m.cfg, .fp = &fp, .mem_cap = o.chat ? plan.snapshot_bytes : 0, .dir = o.state_dir,
                            .disk_cap = (uint64_t)(o.state_dir_mb * 1048576.0), .max_positions = ctx, .log = stderr};
         if (snap_store_open(&snaps, &so, &err)) { fprintf(stderr, "k3: %s\n", err.msg); status = EXIT_USAGE; goto done; }
@@ -873,6 +873,9 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
         sc.thinking = o.thinking;
         sc.tmpl = o.tmpl;
         sc.snapshot_bytes = (uint64_t)o.snapshot_mb << 20;
+        sc.state_dir = o.state_dir;
+        sc.state_dir_bytes = (uint64_t)(o.state_dir_mb * 1048576.0);
+        sc.fp = &fp;
         sc.timeout_s = (unsigned)o.http_timeout;
         sc.engine_stats = engine_stats;
         sc.engine_stats_ctx = &ri;

@@ -181,6 +181,7 @@ static void snap_keep(scheduler *s, slot *sl) {
     if (!s->cfg.snaps || sl->g.st.pos == 0) return;
     k3_error e = {0};
     snap_insert(s->cfg.snaps, sl->g.ids, &sl->g.st, &e);
+    s->stats.snap = snap_get_stats(s->cfg.snaps);
 }
 
 /* The request's sampler and stop ids into the slot's gen_seq. */
@@ -263,6 +264,7 @@ static void admit(scheduler *s) {
         }
         if (best < 0 && s->cfg.snaps && r->n_prompt > 1) {
             long L = snap_lookup(s->cfg.snaps, r->prompt, r->n_prompt, r->n_prompt - 1, &sl->g.st, &e);
+            s->stats.snap = snap_get_stats(s->cfg.snaps);
             if (L > 0 && (size_t)L == sl->g.st.pos) {
                 have = (size_t)L;
                 s->stats.snapshot_tokens_restored += have;

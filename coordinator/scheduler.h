@@ -98,6 +98,7 @@ typedef struct {
     size_t active, queued, parallel;
     uint64_t steps, tokens_prefilled, tokens_generated, prefix_tokens_reused, snapshot_tokens_restored, batch_rows;
     double forward_s;
+    snap_stats snap;  /* the snapshot store's counters (copied on the scheduler thread) */
 } sched_stats;
 
 /* Starts the scheduler thread. NULL on failure (message in err). */

@@ -846,6 +846,14 @@ static enum MHD_Result metrics_page(server *sv, struct MHD_Connection *c) {
       (unsigned long long)ss.prefix_tokens_reused);
     P("# TYPE k3_snapshot_tokens_restored_total counter\nk3_snapshot_tokens_restored_total %llu\n",
       (unsigned long long)ss.snapshot_tokens_restored);
+    P("# TYPE k3_snapshot_memory_hits_total counter\nk3_snapshot_memory_hits_total %llu\n",
+      (unsigned long long)ss.snap.hits_mem);
+    P("# HELP k3_snapshot_disk_hits_total Prefixes restored from snapshot files (--state-dir), e.g. after a restart.\n"
+      "# TYPE k3_snapshot_disk_hits_total counter\nk3_snapshot_disk_hits_total %llu\n",
+      (unsigned long long)ss.snap.hits_disk);
+    P("# TYPE k3_snapshot_inserts_total counter\nk3_snapshot_inserts_total %llu\n", (unsigned long long)ss.snap.inserts);
+    P("# TYPE k3_snapshot_files gauge\nk3_snapshot_files %zu\n", ss.snap.disk_files);
+    P("# TYPE k3_snapshot_file_bytes gauge\nk3_snapshot_file_bytes %llu\n", (unsigned long long)ss.snap.disk_bytes);
     P("# TYPE k3_expert_servers gauge\nk3_expert_servers %d\n", es.n_workers);
     P("# TYPE k3_expert_server_restarts_total counter\nk3_expert_server_restarts_total %d\n", es.expert_restarts);
     P("# TYPE k3_expert_cache_hits_total counter\nk3_expert_cache_hits_total %llu\n", (unsigned long long)es.expert_hits);
@@ -1000,10 +1008,15 @@ int server_run(engine *en, const tokenizer *tok, const server_config *cfg, k3_er
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     status = 1;
     sched_config sc = {cfg->parallel, cfg->max_queue, cfg->chunk, cfg->max_context, NULL};
-    if (cfg->snapshot_bytes) {
-        /* memory tier only: the fingerprint keys disk files, which the server does not write */
-        snap_options so = {.cfg = &en->model->cfg, .fp = &sv->fp, .mem_cap = cfg->snapshot_bytes,
-                           .max_positions = cfg->max_context};
+    if (cfg->state_dir && !cfg->fp) {
+        k3_fail(err, "serve: a state directory needs the model's fingerprint");
+        goto out;
+    }
+    if (cfg->snapshot_bytes || cfg->state_dir) {
+        /* memory tier; files in state_dir too (keyed by the model's fingerprint) */
+        snap_options so = {.cfg = &en->model->cfg, .fp = cfg->fp ? cfg->fp : &sv->fp, .mem_cap = cfg->snapshot_bytes,
+                           .dir = cfg->state_dir, .disk_cap = cfg->state_dir_bytes, .max_positions = cfg->max_context,
+                           .log = stderr};
         if (snap_store_open(&sv->snaps, &so, err)) goto out;
         sc.snaps = sv->snaps;
     }

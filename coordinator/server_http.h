@@ -17,6 +17,9 @@
  * - Streams: server-sent events "data: {chunk}\n\n", the last "data: [DONE]\n\n"; reasoning and
  *   content as deltas, each tool call as one delta when complete, usage in a last chunk when
  *   stream_options.include_usage.
+ * - Prefix snapshots (snapshots.h): in memory (cfg->snapshot_bytes) and, with cfg->state_dir, as
+ *   files there, so a restarted server restores a stored prefix from disk (/metrics
+ *   k3_snapshot_disk_hits_total).
  * - SIGTERM / SIGINT: new requests get 503, in-flight ones are cancelled (streams end with an error
  *   event and [DONE]), the daemon stops, and server_run returns 0; the caller then stops the expert
  *   servers. */
@@ -25,6 +28,7 @@
 
 #include "coordinator/chat.h"
 #include "coordinator/forward.h"
+#include "coordinator/state_file.h"
 #include <stdint.h>
 
 typedef struct {
@@ -42,6 +46,9 @@ typedef struct {
     const char *model_name;
     size_t body_limit;             /* bytes */
     uint64_t snapshot_bytes;       /* prefix snapshots kept in memory (0 = none) */
+    const char *state_dir;         /* prefix snapshots also on disk here (NULL = none): reused across restarts */
+    uint64_t state_dir_bytes;      /* cap of the files in state_dir */
+    const state_fingerprint *fp;   /* the model's (keys the disk snapshots); needed with state_dir */
     unsigned timeout_s;            /* idle connection timeout */
     void (*engine_stats)(void *ctx, server_engine_stats *st);
     void *engine_stats_ctx;

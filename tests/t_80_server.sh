@@ -8,6 +8,7 @@
 # - tool_choice: a named function makes the reply a call to it; an undeclared one is 400; none;
 # - K2 template (a tokenizer with <|im_*|> specials, --tok): the rendering is the jinja text, the
 #   reply equals the command line;
+# - --state-dir: a prefix stored by one server is restored from disk by the next one (same ids);
 # - a conversation's next turn reuses the kept prefix (cached_tokens > 0) with identical ids;
 # - a client that disconnects mid-stream is cancelled and its slot freed;
 # - a full queue answers 429 with Retry-After;
@@ -294,6 +295,36 @@ assert code == 400 and j["error"]["param"] == "tool_choice", j
 print("K2 template: <|im_*|> rendering = the jinja text, reply ids = the command line, named tool_choice 400")
 EOF
 kill -TERM $SPID; wait $SPID || fail "K2 server exit status"
+
+# ---- prefix snapshots on disk (--state-dir): reused after a restart ----
+SD="$T/snaps"
+sdreq() { # sdreq PROMPT_JSON N: completion ids + cached count as JSON
+  curl -s "$URL/v1/completions" "${json[@]}" -d "{\"prompt\":$1,\"max_tokens\":$2,\"return_token_ids\":true}"
+}
+P1=$($PY -c "print([300 + i for i in range(40)])")
+P2=$($PY -c "print([300 + i for i in range(40)] + [450, 451, 452])")
+start sd1 --workers 0 --parallel 2 --state-dir "$SD"
+sdreq "$P1" 6 > "$T/sd1.json"
+kill -TERM $SPID; wait $SPID || fail "state-dir server exit status"
+ls "$SD"/*.k3snap >/dev/null 2>&1 || fail "no snapshot file written in --state-dir"
+start sd2 --workers 0 --parallel 2 --state-dir "$SD"
+sdreq "$P2" 6 > "$T/sd2.json"
+curl -s "$URL/metrics" > "$T/sd.metrics"
+kill -TERM $SPID; wait $SPID || fail "state-dir server exit status (2)"
+$PY - "$T/sd2.json" "$T/sd.metrics" "$K3" "$M" "$P2" <<'EOF' || fail "snapshot from disk after a restart"
+import json, subprocess, sys
+j = json.load(open(sys.argv[1]))
+metrics = dict(l.split()[:2] for l in open(sys.argv[2]) if l and not l.startswith("#"))
+p2 = json.loads(sys.argv[5])
+cached = j["usage"]["prompt_tokens_details"]["cached_tokens"]
+assert cached == 40, ("cached", cached)
+assert int(metrics["k3_snapshot_disk_hits_total"]) >= 1, metrics.get("k3_snapshot_disk_hits_total")
+out = subprocess.run([sys.argv[3], sys.argv[4], "--ids", ",".join(map(str, p2)), "--gen", "6", "--workers", "0",
+                      "--stop-id", "509,510"], capture_output=True, text=True, check=True).stdout.split()
+assert j["choices"][0]["token_ids"] == [int(x) for x in out], (j["choices"][0]["token_ids"], out)
+print("state-dir: after a restart, 40 of %d prompt ids restored from disk (k3_snapshot_disk_hits_total %s), ids equal the command line"
+      % (len(p2), metrics["k3_snapshot_disk_hits_total"]))
+EOF
 
 # ---- a full queue answers 429 ----
 start q --workers 0 --parallel 1 --max-queue 1 --http-timeout 1

@@ -299,7 +299,10 @@ static void admit(scheduler *s) {
 /* One step over the active slots (the batch is built by the caller): ONE gen_step_batch, so the
  * trunk and each routed expert are read once for every sequence in it. Fills each slot's events
  * (ev[0..n_ev)); -1 when the forward itself failed. A per-slot draft (speculation) plugs in
- * here: a slot with proposals gets its picks from a verification pass, one event per pick. */
+ * here: a slot with proposals gets its picks from a verification pass, one event per pick
+ * (SCHED_EVENTS bounds them; give it max_emit = req->max_tokens - req->n_out so that no pick
+ * past max_tokens streams through on_token; a slot whose request ended on an event ignores the
+ * events after it). */
 static int step(scheduler *s, size_t n, k3_error *err) {
     int rc = gen_step_batch(s->en, s->batch, n, s->cfg.chunk, s->batch_ev, err);
     for (size_t j = 0; j < n; j++) {

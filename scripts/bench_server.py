@@ -106,6 +106,7 @@ def main():
             prompts = [[1 + (100 * (k + 1) + 37 * j) % 500 for j in range(plen)] for k in range(n)]  # in any vocab
             b0 = metric(url, "k3_expert_bytes_read_total") + metric(url, "k3_trunk_bytes_streamed_total")
             s0, r0 = metric(url, "k3_steps_total"), metric(url, "k3_step_rows_total")
+            f0 = metric(url, "k3_forward_seconds_total")
             wall = None
             t_n = time.perf_counter()
             for _ in range(int(opts["--reps"])):  # the fastest repetition counts (a shared machine)
@@ -121,6 +122,7 @@ def main():
                     wall, out = w, o_rep
             b1 = metric(url, "k3_expert_bytes_read_total") + metric(url, "k3_trunk_bytes_streamed_total")
             s1, r1 = metric(url, "k3_steps_total"), metric(url, "k3_step_rows_total")
+            f1 = metric(url, "k3_forward_seconds_total")
             tok = sum(o["n"] for o in out)
             reps = int(opts["--reps"])
             # the first prompt is the same at every N: its ids must not change with the batch
@@ -131,7 +133,7 @@ def main():
             t_all = time.perf_counter() - t_n
             tpot = [(o["latency"] - o["ttft"]) / (o["n"] - 1) for o in out if o["ttft"] is not None and o["n"] > 1]
             row = {"streams": n, "tokens": tok, "wall": wall, "tps": tok / wall,
-                   "read_gbs": (b1 - b0) / t_all / 1e9, "gib_per_step": (b1 - b0) / max(1, s1 - s0) / 2**30,
+                   "read_gbs": (b1 - b0) / t_all / 1e9, "s_per_step": (f1 - f0) / max(1, s1 - s0), "gib_per_step": (b1 - b0) / max(1, s1 - s0) / 2**30,
                    "tpot": sum(tpot) / len(tpot) if tpot else 0, "lat_max": max(o["latency"] for o in out),
                    "lat": sum(o["latency"] for o in out) / n, "ttft": sum(o["ttft"] or 0 for o in out) / n,
                    "gib_per_tok": (b1 - b0) / (tok * reps) / 2**30 if tok else 0, "rows_per_step": (r1 - r0) / max(1, s1 - s0)}  # over all repetitions
@@ -156,12 +158,12 @@ def main():
         "Command: `scripts/bench_server.py %s --streams %s --gen %d --prompt-len %d --reps %s -- %s`" % (
             model, opts["--streams"], gen, plen, opts["--reps"], " ".join(extra)),
         "", "| streams | generated tokens | wall s | aggregate tok/s | vs 1 stream | mean / max latency s | mean first token s "
-        "| mean s per later token | GiB read / token | GiB read / step | sequences per step | read GB/s | vs ceiling |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+        "| mean s per later token | s per step | GiB read / token | GiB read / step | sequences per step | read GB/s | vs ceiling |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append("| %d | %d | %.1f | %.3f | %.2fx | %.2f / %.2f | %.2f | %.2f | %.3f | %.3f | %.2f | %.2f | %.0f %% |" % (
+        lines.append("| %d | %d | %.1f | %.3f | %.2fx | %.2f / %.2f | %.2f | %.2f | %.2f | %.3f | %.3f | %.2f | %.2f | %.0f %% |" % (
             r["streams"], r["tokens"], r["wall"], r["tps"], r["tps"] / rows[0]["tps"], r["lat"], r["lat_max"], r["ttft"],
-            r["tpot"], r["gib_per_tok"], r["gib_per_step"], r["rows_per_step"], r["read_gbs"], 100 * r["read_gbs"] / bw))
+            r["tpot"], r["s_per_step"], r["gib_per_tok"], r["gib_per_step"], r["rows_per_step"], r["read_gbs"], 100 * r["read_gbs"] / bw))
     txt = "\n".join(lines) + "\n"
     print(txt)
     if opts["--md"]:

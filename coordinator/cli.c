@@ -119,12 +119,15 @@ static const cli_flag FLAGS[] = {
     {"mpi", NULL, CLI_SWITCH, OFF(mpi), 1, 0, NULL, NULL,
      "run under `mpirun -np N`: rank 0 coordinates, ranks 1..N-1 serve disjoint expert sets from their own hosts "
      "(README \"Several machines\"); `--worker-timeout-ms` bounds a rank's silence"},
-    {"draft", "none|ngram|ids", CLI_STR, OFF(draft), 0, 0, NULL, "none",
+    {"draft", "none|ngram|ids|model", CLI_STR, OFF(draft), 0, 0, NULL, "none",
      "exact speculative decoding: proposals checked in one forward pass each; the ids are always those of plain "
      "decoding (README \"Speculation\"); `ngram` looks the context's longest repeated suffix up"},
     {"draft-max", "K", CLI_LONG, OFF(draft_max), 1, 63, NULL, "4", "speculation: proposals per verification pass"},
     {"draft-ids", "FILE", CLI_STR, OFF(draft_ids), 0, 0, NULL, NULL,
      "speculation: whitespace-separated ids proposed in order as the continuation (with `--draft ids`)"},
+    {"draft-model", "DIR", CLI_STR, OFF(draft_model), 0, 0, NULL, NULL,
+     "speculation: a smaller checkpoint with the same tokenizer proposes its greedy continuation (implies "
+     "`--draft model`; run in the coordinator, everything resident, a line of the memory plan)"},
     {"draft-rollback", "auto|states|refeed", CLI_STR, OFF(draft_rollback), 0, 0, NULL, "auto",
      "speculation: after a rejection, restore the state the verification pass kept at the last accepted position "
      "(`states`, K copies of the KDA state in the plan) or restore one copy and re-feed the accepted ids (`refeed`, "

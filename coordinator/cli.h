@@ -44,7 +44,7 @@ typedef struct {
     chat_template tmpl;
     long max_tokens;
     /* speculation (draft.h) */
-    const char *draft, *draft_ids, *draft_rollback;
+    const char *draft, *draft_ids, *draft_rollback, *draft_model;
     int mpi;                  /* --mpi: expert ranks over Open MPI (experts_mpi.h) */
     long draft_max;
     int32_t *stop_ids;

@@ -5,14 +5,24 @@
 #include <stdlib.h>
 #include <string.h>
 
-int draft_open(draft_source *d, const char *kind, const char *ids_path, k3_error *err) {
+int draft_open(draft_source *d, const char *kind, const char *ids_path, const char *model_dir, k3_error *err) {
     memset(d, 0, sizeof *d);
-    if (!kind || !strcmp(kind, "none")) return ids_path ? k3_fail(err, "--draft-ids needs --draft ids") : 0;
+    if (!kind) kind = "none";
+    if (model_dir && !strcmp(kind, "none")) kind = "model";
+    if (model_dir && strcmp(kind, "model")) return k3_fail(err, "--draft-model goes with --draft model (or no --draft)");
+    if (ids_path && strcmp(kind, "ids")) return k3_fail(err, "--draft-ids needs --draft ids");
+    if (!strcmp(kind, "none")) return 0;
     if (!strcmp(kind, "ngram")) {
         d->kind = DRAFT_NGRAM;
-        return ids_path ? k3_fail(err, "--draft-ids needs --draft ids") : 0;
+        return 0;
     }
-    if (strcmp(kind, "ids")) return k3_fail(err, "--draft wants none|ngram|ids, got '%s'", kind);
+    if (!strcmp(kind, "model")) {
+        if (!model_dir) return k3_fail(err, "--draft model needs --draft-model DIR");
+        d->kind = DRAFT_MODEL;
+        d->model_dir = model_dir;
+        return 0;
+    }
+    if (strcmp(kind, "ids")) return k3_fail(err, "--draft wants none|ngram|ids|model, got '%s'", kind);
     if (!ids_path) return k3_fail(err, "--draft ids needs --draft-ids FILE");
     d->kind = DRAFT_IDS;
     size_t len;
@@ -43,13 +53,27 @@ int draft_open(draft_source *d, const char *kind, const char *ids_path, k3_error
     return 0;
 }
 
+int draft_attach(draft_source *d, const k3_config *tcfg, const state_fingerprint *tfp, const kernels *k, int threads,
+                 size_t chunk, size_t cap, k3_error *err) {
+    if (d->kind != DRAFT_MODEL || d->model) return 0;
+    if (!(d->model = malloc(sizeof *d->model))) return k3_fail(err, "out of memory");
+    if (draft_model_open(d->model, d->model_dir, tcfg, tfp, k, threads, chunk, cap, err)) {
+        free(d->model);
+        d->model = NULL;
+        return -1;
+    }
+    return 0;
+}
+
 void draft_close(draft_source *d) {
     free(d->list);
+    if (d->model) draft_model_close(d->model);
+    free(d->model);
     memset(d, 0, sizeof *d);
 }
 
 const char *draft_name(const draft_source *d) {
-    return d->kind == DRAFT_NGRAM ? "ngram" : d->kind == DRAFT_IDS ? "ids" : "none";
+    return d->kind == DRAFT_NGRAM ? "ngram" : d->kind == DRAFT_IDS ? "ids" : d->kind == DRAFT_MODEL ? "model" : "none";
 }
 
 static size_t ngram(const int32_t *h, size_t n, int32_t *out, size_t kmax) {
@@ -67,13 +91,18 @@ static size_t ngram(const int32_t *h, size_t n, int32_t *out, size_t kmax) {
     return 0;
 }
 
-size_t draft_propose(const draft_source *d, const int32_t *hist, size_t n_hist, size_t n_generated, int32_t *out,
-                     size_t kmax) {
-    if (d->kind == DRAFT_NGRAM) return ngram(hist, n_hist, out, kmax);
+int draft_propose(draft_source *d, const int32_t *hist, size_t n_hist, size_t n_generated, int32_t *out, size_t kmax,
+                  size_t *n_out, k3_error *err) {
+    *n_out = 0;
+    if (d->kind == DRAFT_NGRAM) *n_out = ngram(hist, n_hist, out, kmax);
     if (d->kind == DRAFT_IDS) {
         size_t k = 0;
         for (size_t i = n_generated; i < d->n_list && k < kmax; i++) out[k++] = d->list[i];
-        return k;
+        *n_out = k;
+    }
+    if (d->kind == DRAFT_MODEL) {
+        if (!d->model) return k3_fail(err, "internal: the draft model was not attached");
+        return draft_model_propose(d->model, hist, n_hist, out, kmax, n_out, err);
     }
     return 0;
 }

@@ -127,7 +127,7 @@ static void keep_row(void *ctx, size_t pos, const float *row) {
 
 /* Runs the generation through the one generation step; with stream_tok, the
  * generated text goes to stdout as it is produced. Returns an exit status. */
-static int run(engine *en, const options *o, const draft_source *draft, int spec_pp, const tokenizer *stream_tok,
+static int run(engine *en, const options *o, draft_source *draft, int spec_pp, const tokenizer *stream_tok,
                run_result *r, const persist *ps, k3_error *err) {
     const k3_config *c = &en->model->cfg;
     size_t V = (size_t)c->vocab_size, n = r->n_prompt, N = (size_t)o->gen;
@@ -186,7 +186,8 @@ static int run(engine *en, const options *o, const draft_source *draft, int spec
         gen_event ev[64];
         size_t nev = 1;
         int32_t prop[63];
-        size_t k = i > 0 && draft ? draft_propose(draft, g.ids, g.n, i, prop, (size_t)o->draft_max) : 0;
+        size_t k = 0;
+        if (i > 0 && draft && draft_propose(draft, g.ids, g.n, i, prop, (size_t)o->draft_max, &k, err)) goto out;
         if (k ? gen_step_spec(en, &g, prop, k, N - i, ev, &nev, err) : gen_step(en, &g, (size_t)o->chunk, ev, err))
             goto out;
         int first = i == i0;
@@ -297,6 +298,7 @@ typedef struct {
     const k3_topology *topo;
     const numa_place *np;
     uint64_t cache_bytes;        /* per server */
+    const draft_source *draft;   /* speculation's draft (its model's passes go in --json) */
 } run_info;
 
 static json_t *memory_json(const run_info *ri, const expert_backend *eb) {
@@ -435,7 +437,7 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         for (int u = 0; u < en->model->n_units; u++) trunk_bytes += en->model->units[u].bytes;
         trunk_bytes += (uint64_t)en->model->lm_head.rows * en->model->lm_head.cols * (en->model->lm_head.dtype == DTYPE_F32 ? 4 : 2);
         json_t *sp = json_object();
-        json_object_set_new(sp, "draft", json_string(o->draft ? o->draft : "none"));
+        json_object_set_new(sp, "draft", json_string(ri->draft ? draft_name(ri->draft) : "none"));
         json_object_set_new(sp, "draft_max", json_integer(o->draft_max));
         json_object_set_new(sp, "verify_passes", json_integer((json_int_t)r->spec_passes));
         json_object_set_new(sp, "proposed", json_integer((json_int_t)r->spec_proposed));
@@ -444,6 +446,14 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         json_object_set_new(sp, "refeeds", json_integer((json_int_t)r->spec_refeeds));
         json_object_set_new(sp, "restores", json_integer((json_int_t)r->spec_restores));
         json_object_set_new(sp, "decode_passes", json_integer((json_int_t)r->decode_passes));
+        uint64_t dbytes = 0;
+        if (ri->draft && ri->draft->model) { /* a draft model's passes read its own weights */
+            json_object_set_new(sp, "draft_passes", json_integer((json_int_t)ri->draft->model->passes));
+            json_object_set_new(sp, "draft_trunk_bytes_per_pass", json_integer((json_int_t)ri->draft->model->trunk_bytes));
+            dbytes = ri->draft->model->passes * ri->draft->model->trunk_bytes;
+        }
+        json_object_set_new(sp, "bytes_per_token", /* target and draft trunk bytes read per generated token */
+                            json_real(n_dec ? ((double)r->decode_passes * (double)trunk_bytes + (double)dbytes) / (double)n_dec : 0));
         json_object_set_new(sp, "trunk_bytes_per_pass", json_integer((json_int_t)trunk_bytes));
         json_object_set_new(sp, "passes_per_token",
                             json_real(n_dec ? (double)r->decode_passes / (double)n_dec : 0));
@@ -568,13 +578,16 @@ static int make_plan(const options *o, const k3_config *cfg, const k3_model *m, 
                      mem_plan *plan, k3_error *err) {
     /* speculation: --draft-max proposals; rollback from per-position states unless refused or
      * (auto) the budget does not hold them, then one copy and a re-feed */
-    size_t spec_k = o->draft && strcmp(o->draft, "none") ? (size_t)o->draft_max : 0;
+    size_t spec_k = (o->draft && strcmp(o->draft, "none")) || o->draft_model ? (size_t)o->draft_max : 0;
     const char *rb = o->draft_rollback ? o->draft_rollback : "auto";
-    int pp = strcmp(rb, "refeed") != 0;
-    if (plan_make_spec(plan, cfg, m, budget, n_workers, (size_t)o->chunk, ctx, spec_k, pp, err)) {
+    plan_spec sp = {spec_k, strcmp(rb, "refeed") != 0, 0};
+    if (o->draft_model && draft_model_plan_bytes(o->draft_model, (size_t)o->chunk, ctx + spec_k, &sp.draft_model_bytes, err))
+        return -1;
+    if (plan_make_spec(plan, cfg, m, budget, n_workers, (size_t)o->chunk, ctx, &sp, err)) {
         if (!(spec_k && !strcmp(rb, "auto"))) return -1;
         k3_error e2 = {0};
-        if (plan_make_spec(plan, cfg, m, budget, n_workers, (size_t)o->chunk, ctx, spec_k, 0, &e2)) return -1;
+        sp.per_position = 0;
+        if (plan_make_spec(plan, cfg, m, budget, n_workers, (size_t)o->chunk, ctx, &sp, &e2)) return -1;
     }
     if (o->cache_mb > 0 && plan_set_expert_cache(plan, (uint64_t)(o->cache_mb * 1048576.0), err)) {
         plan_free(plan);
@@ -623,7 +636,7 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     draft_source draft;
     {
         k3_error de = {0};
-        if (draft_open(&draft, o.draft, o.draft_ids, &de)) { fprintf(stderr, "k3: %s\n", de.msg); return outputs_finish(EXIT_USAGE); }
+        if (draft_open(&draft, o.draft, o.draft_ids, o.draft_model, &de)) { fprintf(stderr, "k3: %s\n", de.msg); return outputs_finish(EXIT_USAGE); }
         const char *rb = o.draft_rollback ? o.draft_rollback : "auto";
         if (strcmp(rb, "auto") && strcmp(rb, "states") && strcmp(rb, "refeed")) {
             fprintf(stderr, "k3: --draft-rollback wants auto|states|refeed, got '%s'\n", rb);
@@ -843,6 +856,12 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     en = (engine){.model = &m, .trunk = tr, .k = k, .experts = &eb};
     if (pl.bound) { en.on_pass = rebind_threads; en.on_pass_ctx = &pl; }
     if (engine_init(&en, (size_t)o.chunk, ctx, ri.threads, &err)) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
+    if (draft_attach(&draft, &m.cfg, &fp, k, ri.threads, (size_t)o.chunk, ctx + (size_t)o.draft_max, &err)) {
+        fprintf(stderr, "k3: %s\n", err.msg);
+        status = EXIT_USAGE;
+        goto done;
+    }
+    ri.draft = &draft;
     ri.load_experts_s = k3_now_s() - t0;
     ri.load_s = ri.load_model_s + ri.load_trunk_s + ri.load_experts_s;
     if ((o.state_dir || o.chat) && !o.serve) { /* prefix snapshots: in memory within the plan, on disk with --state-dir (--serve opens its own) */

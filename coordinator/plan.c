@@ -87,15 +87,18 @@ static uint64_t small_bytes_of(const k3_config *c, const ls_layout *lay) {
 
 int plan_make(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t budget, int W, size_t T, size_t ctx,
               k3_error *err) {
-    return plan_make_spec(p, c, m, budget, W, T, ctx, 0, 0, err);
+    return plan_make_spec(p, c, m, budget, W, T, ctx, NULL, err);
 }
 
 int plan_make_spec(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t budget, int W, size_t T, size_t ctx,
-                   size_t spec_k, int spec_pp, k3_error *err) {
+                   const plan_spec *sp, k3_error *err) {
     memset(p, 0, sizeof *p);
-    p->spec_k = spec_k;
-    p->spec_per_position = spec_k ? spec_pp : 0;
-    p->spec_bytes = spec_k ? gen_spec_bytes(c, spec_k, spec_pp) : 0;
+    if (sp && sp->k) {
+        p->spec_k = sp->k;
+        p->spec_per_position = sp->per_position;
+        p->spec_bytes = gen_spec_bytes(c, sp->k, sp->per_position);
+        p->draft_model_bytes = sp->draft_model_bytes;
+    }
     p->budget = budget;
     p->n_workers = W;
     p->chunk = T;
@@ -140,7 +143,7 @@ int plan_make_spec(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t 
     }
     uint64_t servers = W ? (uint64_t)W : 1;
     uint64_t fixed = (1 + (uint64_t)W) * p->process_bytes + p->small_bytes + p->state_bytes + p->scratch_bytes +
-                     p->ring_bytes + p->worker_scratch_bytes + p->spec_bytes;
+                     p->ring_bytes + p->worker_scratch_bytes + p->spec_bytes + p->draft_model_bytes;
     p->floor = fixed + PLAN_MIN_SLOTS * p->slot_bytes + servers * p->expert_slot_bytes;
     uint64_t per_server_all = ((p->n_experts_total + servers - 1) / servers) * p->expert_slot_bytes;
     if (budget == 0) { /* everything resident */
@@ -208,6 +211,9 @@ void plan_print(const mem_plan *p, const k3_config *c, FILE *f) {
         fprintf(f, "  speculation            %12.1f MiB  (%zu logits rows; %s)\n", p->spec_bytes / MIB, p->spec_k + 1,
                 p->spec_per_position ? "the state after each proposal: rollback without a pass"
                                      : "one state copy: rollback re-feeds the accepted ids");
+    if (p->draft_model_bytes)
+        fprintf(f, "  draft model            %12.1f MiB  (weights, state and scratch, everything resident)\n",
+                p->draft_model_bytes / MIB);
     if (p->n_workers)
         fprintf(f, "  rings + server scratch %12.1f MiB\n", (p->ring_bytes + p->worker_scratch_bytes) / MIB);
     fprintf(f, "  trunk pinned           %12.1f MiB  (%d of %d walk units, %.1f MiB in all)\n", p->pinned_bytes / MIB,

@@ -44,6 +44,7 @@ typedef struct {
     size_t spec_k;                      /* speculation: proposals per pass (0: none) */
     int spec_per_position;              /* rollback from per-position states (else re-feed) */
     uint64_t spec_bytes;                /* k+1 logits rows and the state copies (gen_spec_bytes) */
+    uint64_t draft_model_bytes;         /* --draft-model: its weights, state and scratch, resident */
     uint64_t snapshot_bytes;            /* prefix snapshots in memory (snapshots.h): what the budget
                                            leaves after the total; 4 states of max_context when
                                            everything is resident */
@@ -52,10 +53,16 @@ typedef struct {
 /* From a loaded model (real tensor sizes) or, with m == NULL, from cfg alone. */
 int plan_make(mem_plan *p, const k3_config *cfg, const k3_model *m, uint64_t budget, int n_workers, size_t chunk,
               size_t max_context, k3_error *err);
-/* plan_make with speculation of spec_k proposals per pass (spec_k 0: none, = plan_make);
- * its buffers are one more fixed line ("speculation"), in the floor. */
+/* Speculation's memory: k proposals per pass (0: none), the rollback, a draft model's bytes. */
+typedef struct {
+    size_t k;
+    int per_position;
+    uint64_t draft_model_bytes;  /* draft_model_plan_bytes, 0 without --draft-model */
+} plan_spec;
+/* plan_make with speculation (sp NULL or k 0: none, = plan_make); its buffers and a draft
+ * model are more fixed lines ("speculation", "draft model"), in the floor. */
 int plan_make_spec(mem_plan *p, const k3_config *cfg, const k3_model *m, uint64_t budget, int n_workers, size_t chunk,
-                   size_t max_context, size_t spec_k, int spec_per_position, k3_error *err);
+                   size_t max_context, const plan_spec *sp, k3_error *err);
 /* --expert-cache-mb: every server's cache is `bytes` (whole slots of expert_slot_bytes:
  * exactly what expert_cache_create makes of them) instead of the budget's share;
  * total follows. Refused (naming the minimum) below one slot. */

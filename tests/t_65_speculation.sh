@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# t_65_speculation.sh - exact speculative decoding: with every draft source, at 100 %,
+# t_65_speculation.sh - exact speculative decoding: with every draft source (ids, ngram, a
+# draft model: m13 for itself, m14b12 for m13), at 100 %,
 # partial and 0 % acceptance, greedy and seeded sampling, in-process and with expert
 # servers, at the memory floor, with both rollbacks (per-position states, snapshot +
 # re-feed), the ids AND the logits rows are those of plain decoding; the speculation
 # buffers are a plan line (--plan-only == a loaded run; auto falls back to re-feed when
-# the budget does not hold the states);
+# the budget does not hold the states; a draft model is a plan line too, and one with another
+# tokenizer is refused);
 # stop ids and --gen are respected inside an accepted run; a server killed during a
 # verification pass changes nothing.
 set -u
@@ -25,7 +27,10 @@ for mode in "--workers 0" "--workers 2" "--workers 0 --mem-gb 0.018" "--workers 
   # partial: the right ids with every third one wrong
   awk '{ if (NR % 3 == 0) print ($1 + 1) % 600; else print $1 }' "$T/good.ids" > "$T/part.ids"
   seq 600 620 > "$T/wrong.ids"
-  for d in "ids --draft-ids $T/good.ids" "ids --draft-ids $T/part.ids" "ids --draft-ids $T/wrong.ids" "ngram"; do
+  for d in "ids --draft-ids $T/good.ids" "ids --draft-ids $T/part.ids" "ids --draft-ids $T/wrong.ids" "ngram" \
+           "model --draft-model tests/models/m13" "model --draft-model tests/models/m14b12"; do
+    # a draft model is a plan line: the 0.018 GiB budget holds the target alone (a budget with one below)
+    case "$mode $d" in *mem-gb*model*) continue;; esac
     # rollback from per-position states (the default) at k 1, 4, 9; snapshot + re-feed at k 4
     for kr in "1 states" "4 states" "9 states" "4 refeed"; do
       set -- $kr; k=$1; rb=$2
@@ -51,6 +56,33 @@ assert pr["rollback"] == "refeed" and pr["refeeds"] > 0 and pr["restores"] == 0,
 PY
 done
 
+# --draft-model: m13 drafting for itself accepts everything greedy and part seeded; m14b12 (same
+# tokenizer, other weights) proposes and is refused; at a budget that streams the target with
+# the draft resident; the draft's passes and bytes are in --json
+S="--temperature 0.8 --top-p 0.9 --seed 7"
+run --workers 0 --draft-model tests/models/m13 --json "$T/dm.json" > /dev/null || bad "--draft-model m13"
+run --workers 0 $S --draft-model tests/models/m13 --json "$T/dms.json" > /dev/null || bad "--draft-model m13 seeded"
+run --workers 0 --draft-model tests/models/m14b12 --json "$T/dmo.json" > /dev/null || bad "--draft-model m14b12"
+"${PYTHON:-/usr/bin/python3}" - "$T/dm.json" "$T/dms.json" "$T/dmo.json" <<'PY' || bad "--draft-model counters"
+import json, sys
+a, s, o = (json.load(open(x))["speculation"] for x in sys.argv[1:])
+assert a["draft"] == "model" and a["accepted"] == a["proposed"] > 0 and a["draft_passes"] > 0, a
+assert 0 < s["accepted"] < s["proposed"], s
+assert o["accepted"] < o["proposed"] and o["draft_passes"] > 0, o
+for x in (a, s, o):
+    assert x["bytes_per_token"] > x["trunk_bytes_per_token"], x
+PY
+run --workers 0 > "$T/b0.ids"
+run --workers 0 --mem-gb 0.0245 --draft-model tests/models/m13 --dump-logits "$T/dmb.f32" > "$T/dmb.ids" 2> /dev/null || bad "--draft-model at a small budget"
+cmp -s "$T/dmb.ids" "$T/b0.ids" || bad "--draft-model at a small budget: ids differ"
+mkdir -p "$T/othertok"
+for f in tests/models/m13/*; do ln -s "$PWD/$f" "$T/othertok/"; done
+rm "$T/othertok/tokenizer_config.json"; { cat tests/models/m13/tokenizer_config.json; echo " "; } > "$T/othertok/tokenizer_config.json"
+"$K3" $M --ids $P --gen 3 --draft-model "$T/othertok" 2> "$T/ot.err" > /dev/null; rc=$?
+[ $rc -eq 2 ] && grep -q "tokenizer_config.json differs" "$T/ot.err" || { cat "$T/ot.err"; bad "a draft model with another tokenizer must exit 2 naming the file (rc $rc)"; }
+"$K3" $M --ids $P --gen 3 --draft ngram --draft-model tests/models/m13 2>/dev/null; [ $? -eq 2 ] || bad "--draft ngram with --draft-model must exit 2"
+"$K3" $M --ids $P --gen 3 --draft model 2>/dev/null; [ $? -eq 2 ] || bad "--draft model without --draft-model must exit 2"
+
 # a stop id inside an accepted run ends it there; --gen bounds it
 run --workers 0 > "$T/base.ids"
 tr ' ' '\n' < "$T/base.ids" > "$T/good.ids"
@@ -70,11 +102,13 @@ cmp -s "$T/k.ids" "$T/base.ids" || bad "ids differ after a server crash during v
 # the speculation buffers are in the plan: --plan-only and a loaded run agree; --draft-rollback
 # auto takes per-position states when the budget holds them, else one copy and re-feed
 plan_of() { awk '/^memory plan/{p=1} p{print} p&&/^  total/{exit}' "$1"; }
-for a in "--draft ngram --draft-max 4 --preset max" "--draft ngram --draft-max 6 --draft-rollback refeed --mem-gb 1" "--draft ngram --mem-gb 0.05"; do
+for a in "--draft ngram --draft-max 4 --preset max" "--draft ngram --draft-max 6 --draft-rollback refeed --mem-gb 1" "--draft ngram --mem-gb 0.05" \
+         "--draft-model tests/models/m14b12 --mem-gb 1"; do
   "$K3" $M --plan-only --max-context 26 $a > "$T/po.out" 2>&1 || bad "--plan-only $a"
   "$K3" $M --ids $P --gen 14 --max-context 26 $a > /dev/null 2> "$T/pr.err" || bad "run $a"
   plan_of "$T/po.out" > "$T/pa"; plan_of "$T/pr.err" > "$T/pb"
   grep -q "^  speculation" "$T/pa" || bad "no speculation line in the plan ($a)"
+  case "$a" in *draft-model*) grep -q "^  draft model" "$T/pa" || bad "no draft model line in the plan ($a)";; esac
   diff "$T/pa" "$T/pb" > /dev/null || { diff "$T/pa" "$T/pb"; bad "--plan-only and the run print different plans ($a)"; }
 done
 floor_of() { "$K3" $M --plan-only --max-context 26 --mem-gb 0.0001 "$@" 2>&1 | sed -n 's/.*floor of [0-9.]* GiB (\([0-9]*\) bytes).*/\1/p'; }

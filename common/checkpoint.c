@@ -1,5 +1,6 @@
 /* checkpoint.c - shard discovery, index cross-check, name lookup, lazy mapping. */
 #include "common/checkpoint.h"
+#include "common/direct_read.h"
 #include "common/file_read.h"
 #include "common/kernels.h"
 #include <math.h>
@@ -180,16 +181,10 @@ int checkpoint_read(checkpoint *ck, const ckpt_entry *e, uint64_t off, void *dst
         return k3_fail(err, "read of %zu bytes at %llu is outside tensor '%s'", len, (unsigned long long)off, e->name);
     int fd = checkpoint_shard_fd(ck, e->shard, err);
     if (fd < 0) return -1;
-    uint64_t at = e->t->begin + off;
-    size_t got = 0;
-    while (got < len) {
-        ssize_t r = pread(fd, (char *)dst + got, len - got, (off_t)(at + got));
-        if (r < 0 && errno == EINTR) continue;
-        if (r < 0) return k3_fail(err, "read error in shard %s at offset %llu: %s", ck->shards[e->shard].file.path, (unsigned long long)(at + got), strerror(errno));
-        if (r == 0) return k3_fail(err, "short read in shard %s at offset %llu (tensor '%s'): truncated shard?", ck->shards[e->shard].file.path, (unsigned long long)(at + got), e->name);
-        got += (size_t)r;
-    }
-    return 0;
+    char what[300];
+    snprintf(what, sizeof what, "tensor '%s'", e->name);
+    const uint8_t *d; /* buffered read of exactly [begin + off, + len): d == dst */
+    return direct_read(ck->shards[e->shard].file.path, -1, fd, e->t->begin + off, len, dst, &d, NULL, what, err);
 }
 
 const void *checkpoint_data(checkpoint *ck, const ckpt_entry *e, k3_error *err) {

@@ -1,6 +1,7 @@
 /* trunk.c - pinned prefix + streaming slots for the dense trunk (see trunk.h). */
 #define _GNU_SOURCE
 #include "coordinator/trunk.h"
+#include "common/direct_read.h"
 #include "common/weight_mem.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -10,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define IO_ALIGN 4096u
+#define IO_ALIGN DIRECT_ALIGN
 #define ROUND_UP(x) (((x) + IO_ALIGN - 1) / IO_ALIGN * IO_ALIGN)
 
 /* bytes a tensor (or part of one) of n bytes needs in a buffer: room for the aligned window */
@@ -76,43 +77,32 @@ uint64_t trunk_slot_bytes(const k3_model *m, size_t lm_rows) {
 
 static int direct_fd(trunk *t, int shard) {
     if (t->direct_fd[shard] == -1) {
-        int fd = open(t->m->ck.shards[shard].file.path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+        int fd = direct_open(t->m->ck.shards[shard].file.path);
         t->direct_fd[shard] = fd >= 0 ? fd : -2;
     }
     return t->direct_fd[shard];
 }
 
-/* Reads bytes [off, off+len) of tensor e into region dst; *data gets where they start. */
+/* Reads bytes [off, off+len) of tensor e into region dst; *data gets where they start
+ * (common/direct_read: O_DIRECT window, or buffered when the filesystem refuses it). */
 static int read_region(trunk *t, const ckpt_entry *e, uint64_t off, uint64_t len, uint8_t *dst, const void **data,
                        k3_error *err) {
     checkpoint *ck = &t->m->ck;
-    uint64_t b = e->t->begin + off, end = b + len;
-    int fd = t->direct_ok ? t->direct_fd[e->shard] : -2;
-    if (fd >= 0) {
-        uint64_t a0 = b / IO_ALIGN * IO_ALIGN, a1 = ROUND_UP(end), got = 0;
-        while (got < a1 - a0) {
-            ssize_t r = pread(fd, dst + got, a1 - a0 - got, (off_t)(a0 + got));
-            if (r < 0 && errno == EINTR) continue;
-            if (r < 0 && errno == EINVAL) { fd = -2; break; } /* alignment refused: buffered below */
-            if (r < 0)
-                return k3_fail(err, "read error in shard %s at offset %llu: %s", ck->shards[e->shard].file.path,
-                               (unsigned long long)(a0 + got), strerror(errno));
-            if (r == 0) break;
-            got += (uint64_t)r;
-        }
-        if (fd >= 0) {
-            if (a0 + got < end)
-                return k3_fail(err, "short read in shard %s at offset %llu (tensor '%s'): truncated shard?",
-                               ck->shards[e->shard].file.path, (unsigned long long)(a0 + got), e->name);
-            *data = dst + (b - a0);
-            return 0;
-        }
+    const char *path = ck->shards[e->shard].file.path;
+    int dfd = t->direct_ok ? t->direct_fd[e->shard] : -1, refused = 0, rc = -1;
+    char what[300];
+    snprintf(what, sizeof what, "tensor '%s'", e->name);
+    const uint8_t *d;
+    if (dfd >= 0) rc = direct_read(path, dfd, -1, e->t->begin + off, len, dst, &d, &refused, what, err);
+    if (dfd < 0 || refused) { /* buffered: no O_DIRECT for this file, or its alignment was refused */
+        int bfd;
+#pragma omp critical(k3_trunk_buffered_read) /* checkpoint_shard_fd opens shards lazily: one at a time */
+        bfd = checkpoint_shard_fd(ck, e->shard, err);
+        if (bfd < 0) return -1;
+        rc = direct_read(path, -1, bfd, e->t->begin + off, len, dst, &d, NULL, what, err);
     }
-    int rc;
-#pragma omp critical(k3_trunk_buffered_read) /* checkpoint_read opens shards lazily: one at a time */
-    rc = checkpoint_read(ck, e, off, dst, len, err);
     if (rc) return -1;
-    *data = dst;
+    *data = d;
     return 0;
 }
 

@@ -3,6 +3,7 @@
 #define _GNU_SOURCE
 #include "workers/expert_cache.h"
 #include "common/layer_schema.h"
+#include "common/direct_read.h"
 #include "common/weight_mem.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -13,7 +14,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#define IO_ALIGN 4096u
+#define IO_ALIGN DIRECT_ALIGN
 
 enum { SLOT_EMPTY, SLOT_READING, SLOT_READY };
 
@@ -127,64 +128,48 @@ size_t expert_cache_slots(const expert_cache *c) { return c->n_slots; }
 int expert_cache_direct_io(const expert_cache *c) { return c->direct_ok; }
 expert_cache_stats expert_cache_get_stats(const expert_cache *c) { return c->stats; }
 
-/* Full pread with EINTR / short-read handling; returns bytes read or -1. */
-static ssize_t pread_full(int fd, void *buf, size_t n, off_t off) {
-    size_t got = 0;
-    while (got < n) {
-        ssize_t r = pread(fd, (char *)buf + got, n - got, off + (off_t)got);
-        if (r < 0) { if (errno == EINTR) continue; return -1; }
-        if (r == 0) break;
-        got += (size_t)r;
-    }
-    return (ssize_t)got;
-}
-
 static int direct_fd_for(expert_cache *c, int shard) {
     if (c->direct_fd[shard] == -1) {
-        int fd = open(c->ck->shards[shard].file.path, O_RDONLY | O_DIRECT | O_CLOEXEC);
+        int fd = direct_open(c->ck->shards[shard].file.path);
         c->direct_fd[shard] = fd >= 0 ? fd : -2;
     }
     return c->direct_fd[shard];
 }
 
-/* Reads one expert into slot s. Thread-safe w.r.t. other slots (no shared writes
- * except the one-time fd opening, done before the parallel section). */
+/* Reads one expert into slot s. Thread-safe w.r.t. other slots (no shared writes except the
+ * one-time opening of descriptors: O_DIRECT ones before the parallel section, buffered ones
+ * under a critical section). */
 static int read_expert(expert_cache *c, cache_slot *s, const expert_loc *loc, int use_direct, k3_error *err) {
-    const ckpt_shard *sh = &c->ck->shards[loc->t[0]->shard];
-    if (loc->contiguous) {
-        uint64_t a0 = loc->run_begin / IO_ALIGN * IO_ALIGN;
-        uint64_t a1 = (loc->run_end + IO_ALIGN - 1) / IO_ALIGN * IO_ALIGN;
-        int fd = use_direct ? c->direct_fd[loc->t[0]->shard] : -1;
-        ssize_t got = -1;
-        if (fd >= 0) got = pread_full(fd, s->buf, a1 - a0, (off_t)a0);
-        if (fd < 0 || (got < 0 && errno == EINVAL)) {
-            int bfd = checkpoint_shard_fd(c->ck, loc->t[0]->shard, err);
+    if (loc->contiguous) { /* one run: O_DIRECT window (common/direct_read), buffered when refused */
+        int shard = loc->t[0]->shard, dfd = use_direct ? c->direct_fd[shard] : -1, refused = 0, rc = -1;
+        const char *path = c->ck->shards[shard].file.path;
+        const uint8_t *d;
+        if (dfd >= 0) rc = direct_read(path, dfd, -1, loc->run_begin, loc->run_end - loc->run_begin, s->buf, &d, &refused, NULL, err);
+        if (dfd < 0 || refused) {
+            int bfd;
+#pragma omp critical(k3_cache_shard_open) /* checkpoint_shard_fd opens shards lazily: one at a time */
+            bfd = checkpoint_shard_fd(c->ck, shard, err);
             if (bfd < 0) return -1;
-            got = pread_full(bfd, s->buf, loc->run_end - loc->run_begin, (off_t)loc->run_begin);
-            if (got >= 0 && (uint64_t)got == loc->run_end - loc->run_begin) {
-                s->data = s->buf;
-                return 0;
-            }
-            a0 = loc->run_begin;
+            rc = direct_read(path, -1, bfd, loc->run_begin, loc->run_end - loc->run_begin, s->buf, &d, NULL, NULL, err);
         }
-        if (got < 0) return k3_fail(err, "read error in shard %s at offset %llu: %s", sh->file.path, (unsigned long long)a0, strerror(errno));
-        if ((uint64_t)got < loc->run_end - a0)
-            return k3_fail(err, "short read in shard %s at offset %llu: got %zd of %llu bytes (truncated shard?)", sh->file.path,
-                           (unsigned long long)a0, got, (unsigned long long)(loc->run_end - a0));
-        s->data = s->buf + (loc->run_begin - a0);
+        if (rc) return -1;
+        s->data = d;
         return 0;
     }
-    /* not contiguous: tensor by tensor, packed back to back in the slot */
+    /* not contiguous: tensor by tensor, packed back to back in the slot (buffered) */
     uint64_t off = 0;
     for (int p = 0; p < EXPERT_NT; p++) {
         const st_tensor *t = loc->t[p]->t;
-        const ckpt_shard *tsh = &c->ck->shards[loc->t[p]->shard];
-        int fd = checkpoint_shard_fd(c->ck, loc->t[p]->shard, err);
+        int fd;
+#pragma omp critical(k3_cache_shard_open)
+        fd = checkpoint_shard_fd(c->ck, loc->t[p]->shard, err);
         if (fd < 0) return -1;
-        ssize_t got = pread_full(fd, s->buf + off, t->end - t->begin, (off_t)t->begin);
-        if (got < 0 || (uint64_t)got != t->end - t->begin)
-            return k3_fail(err, "%s in shard %s at offset %llu (tensor '%s')", got < 0 ? "read error" : "short read",
-                           tsh->file.path, (unsigned long long)t->begin, loc->t[p]->name);
+        char what[300];
+        snprintf(what, sizeof what, "tensor '%s'", loc->t[p]->name);
+        const uint8_t *d;
+        if (direct_read(c->ck->shards[loc->t[p]->shard].file.path, -1, fd, t->begin, t->end - t->begin, s->buf + off, &d,
+                        NULL, what, err))
+            return -1;
         off += t->end - t->begin;
     }
     s->data = s->buf;

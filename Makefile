@@ -35,9 +35,12 @@ BENCH_SRCS  = $(sort $(wildcard bench/*.c))
 BENCH_BINS  = $(BENCH_SRCS:bench/%.c=$(BIN)/%)
 
 PROGS = $(BIN)/k3 $(if $(wildcard workers/expertd_main.c),$(BIN)/k3-expertd)
+# The expert server with fault injection compiled in (tests only: K3_EXPERTD=bin/k3-expertd-faults);
+# the release bin/k3-expertd has none of it.
+TEST_PROGS = $(if $(wildcard workers/expertd_main.c),$(BIN)/k3-expertd-faults)
 
 .PHONY: all deps test unit asan fuzz bench bench-model bench-limits ladder demo readme-options clean
-all: $(PROGS) $(UNIT_BINS)
+all: $(PROGS) $(TEST_PROGS) $(UNIT_BINS)
 
 $(BUILD)/%.o: %.c $(wildcard common/*.h coordinator/*.h workers/*.h)
 	@mkdir -p $(dir $@)
@@ -52,6 +55,14 @@ $(BIN)/k3: $(BUILD)/coordinator/main.o $(LIB)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(MPI_LIBS)
 
 $(BIN)/k3-expertd: $(BUILD)/workers/expertd_main.o $(LIB)
+	@mkdir -p $(BIN)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(BUILD)/workers/expertd_main_faults.o: workers/expertd_main.c $(wildcard common/*.h coordinator/*.h workers/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DK3_FAULT_INJECTION -c $< -o $@
+
+$(BIN)/k3-expertd-faults: $(BUILD)/workers/expertd_main_faults.o $(LIB)
 	@mkdir -p $(BIN)
 	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 

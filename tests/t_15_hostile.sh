@@ -150,7 +150,7 @@ check in 2 "ESC in a shard header name and dtype" 'x\x1bP\x07' -- "$K3_BIN" "$T/
 shm_before=$(ls /dev/shm | grep -c '^k3\.')
 fault() { # LABEL CODE WANT K3_FAULT [ARGS...]
   local label=$1 code=$2 want=$3 f=$4; shift 4
-  check fault "$code" "$label" "$want" -- env K3_FAULT="$f" "$K3_BIN" "$MODEL" --ids $IDS --gen 4 "$@"
+  check fault "$code" "$label" "$want" -- env K3_EXPERTD="$(dirname "$K3_BIN")/k3-expertd-faults" K3_FAULT="$f" "$K3_BIN" "$MODEL" --ids $IDS --gen 4 "$@"
 }
 for at in 1 2 3 5 8; do
   fault "server scribbles its control page at request $at" ok "corrupted its ring control page" scribble:$at:0 --workers 2

@@ -5,6 +5,8 @@
 # error; no /dev/shm objects and no k3-expertd processes are left after a normal
 # exit, SIGTERM, or a coordinator crash; stale objects of dead runs are removed;
 # a shard truncated under a running worker ends the run naming the shard.
+# Faults come from the TEST build of the server (bin/k3-expertd-faults, chosen with
+# K3_EXPERTD); the release bin/k3-expertd must contain no fault injection (strings).
 set -u
 cd "$(dirname "$0")/.."
 K3="${K3_BIN:-bin/k3}"
@@ -19,6 +21,13 @@ check_no_workers() { # $1: stderr file of a finished run
   for p in $(worker_pids "$1"); do alive "$p" && fail "worker pid $p outlived its coordinator ($2)"; done
   return 0
 }
+
+FAULTS="$(dirname "$K3")/k3-expertd-faults"
+RELEASE="$(dirname "$K3")/k3-expertd"
+[ -x "$FAULTS" ] || fail "$FAULTS is not built (make all builds it)"
+strings "$RELEASE" | grep -q -e K3_FAULT -e badsum && fail "the release $RELEASE contains fault injection (strings K3_FAULT/badsum)"
+strings "$FAULTS" | grep -q K3_FAULT || fail "$FAULTS lacks fault injection (positive control)"
+echo "release server has no fault injection; $FAULTS has it"
 
 shm0=$(shm_count)
 for name in m13 m14b12; do
@@ -43,7 +52,7 @@ ids=$($PY -c "import json; print(','.join(map(str, json.load(open('tests/expecte
 for spec in "crash:5:0|killed by signal 9" "crash:9:1|killed by signal 9" "exit:7:0|exited with status 3" \
             "hang:4:1|no progress" "garbage:6:0|malformed answer" "badsum:8:1|checksum"; do
   f=${spec%%|*}; want=${spec#*|}
-  K3_FAULT=$f "$K3" "$M" --ids "$ids" --gen 12 --workers 2 --worker-timeout-ms 800 --dump-logits "$T/f.f32" \
+  K3_EXPERTD="$FAULTS" K3_FAULT=$f "$K3" "$M" --ids "$ids" --gen 12 --workers 2 --worker-timeout-ms 800 --dump-logits "$T/f.f32" \
       --json "$T/f.json" > "$T/f.out" 2> "$T/f.err" || { cat "$T/f.err"; fail "fault $f: run failed"; }
   grep -q "$want" "$T/f.err" || { cat "$T/f.err"; fail "fault $f: no '$want' in stderr (fault not injected?)"; }
   cmp -s "$T/ref.f32" "$T/f.f32" || fail "fault $f: logits differ from an undisturbed run"
@@ -55,7 +64,7 @@ for spec in "crash:5:0|killed by signal 9" "crash:9:1|killed by signal 9" "exit:
 done
 
 # restart limit: worker 0 crashes in every life
-K3_FAULT=crash:2:0:99 "$K3" "$M" --ids "$ids" --gen 12 --workers 2 --max-restarts 2 > "$T/l.out" 2> "$T/l.err"
+K3_EXPERTD="$FAULTS" K3_FAULT=crash:2:0:99 "$K3" "$M" --ids "$ids" --gen 12 --workers 2 --max-restarts 2 > "$T/l.out" 2> "$T/l.err"
 rc=$?
 [ $rc = 1 ] || fail "restart limit: exit status $rc, expected 1"
 grep -q "restarted 2 times: giving up" "$T/l.err" || { cat "$T/l.err"; fail "restart limit: no clear message"; }
@@ -64,7 +73,7 @@ check_no_workers "$T/l.err" "restart limit"
 echo "restart limit: clear error, exit 1"
 
 # SIGTERM mid-run (worker 0 pauses for 3 s while making progress)
-K3_FAULT=pause:3:0 "$K3" "$M" --ids "$ids" --gen 12 --workers 2 > /dev/null 2> "$T/s.err" &
+K3_EXPERTD="$FAULTS" K3_FAULT=pause:3:0 "$K3" "$M" --ids "$ids" --gen 12 --workers 2 > /dev/null 2> "$T/s.err" &
 cpid=$!
 sleep 1
 kill -TERM $cpid
@@ -77,7 +86,7 @@ check_no_workers "$T/s.err" "SIGTERM"
 echo "SIGTERM: workers gone, no shared memory left"
 
 # coordinator crash (SIGKILL): workers die with it (parent-death signal)
-K3_FAULT=pause:3:0 "$K3" "$M" --ids "$ids" --gen 12 --workers 2 > /dev/null 2> "$T/k.err" &
+K3_EXPERTD="$FAULTS" K3_FAULT=pause:3:0 "$K3" "$M" --ids "$ids" --gen 12 --workers 2 > /dev/null 2> "$T/k.err" &
 cpid=$!
 sleep 1
 kill -KILL $cpid
@@ -108,7 +117,7 @@ first = min(v['data_offsets'][0] for k, v in h.items() if '.experts.' in k and f
 print(8 + n + first)
 PYEOF
 ) || fail "could not find the experts of the last shard"
-K3_FAULT=pause:30:0 "$K3" "$C" --ids "$ids" --gen 12 --workers 1 --expert-cache-mb 0.02 > "$T/t.out" 2> "$T/t.err" &
+K3_EXPERTD="$FAULTS" K3_FAULT=pause:30:0 "$K3" "$C" --ids "$ids" --gen 12 --workers 1 --expert-cache-mb 0.02 > "$T/t.out" 2> "$T/t.err" &
 cpid=$!
 sleep 1.2
 truncate -s "$cut" "$last"

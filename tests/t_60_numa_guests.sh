@@ -29,6 +29,7 @@ kernel=$(ls /boot/vmlinuz-* 2>/dev/null | sort -V | tail -n 1)
 command -v busybox >/dev/null 2>&1 || [ -x /bin/busybox ] || fail "no busybox (Debian package busybox-static)"
 command -v cpio >/dev/null 2>&1 || fail "no cpio (Debian package cpio)"
 [ -x "$(dirname "$K3")/k3-expertd" ] || fail "no $(dirname "$K3")/k3-expertd"
+[ -x "$(dirname "$K3")/k3-expertd-faults" ] || fail "no $(dirname "$K3")/k3-expertd-faults"
 
 ids=$($PY -c "import json; print(','.join(map(str, json.load(open('tests/expected/m13.json'))['prompt_ids'])))")
 # a model whose trunk matrices span many pages (generated, not committed; ~6 s)

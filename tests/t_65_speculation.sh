@@ -94,7 +94,7 @@ got=$("$K3" $M --ids $P --gen 5 --workers 0 --draft ids --draft-ids "$T/good.ids
 [ "$got" = "$(awk '{print $1, $2, $3, $4, $5}' "$T/base.ids")" ] || bad "--gen 5 with 8 proposals: got '$got'"
 
 # an expert server SIGKILLed during verification passes: same ids
-K3_FAULT=crash:4:1 "$K3" $M --ids $P --gen 14 --workers 2 --draft ids --draft-ids "$T/good.ids" --draft-max 4 \
+K3_EXPERTD="$(dirname "$K3")/k3-expertd-faults" K3_FAULT=crash:4:1 "$K3" $M --ids $P --gen 14 --workers 2 --draft ids --draft-ids "$T/good.ids" --draft-max 4 \
   > "$T/k.ids" 2> "$T/k.err" || bad "run with a crashing server"
 grep -q "killed by signal 9" "$T/k.err" || bad "the server crash was not injected"
 cmp -s "$T/k.ids" "$T/base.ids" || bad "ids differ after a server crash during verification"

@@ -11,7 +11,10 @@
  *    validate the header, compute every (token, expert) pair from its own cache,
  *    write the outputs and a checksum to the response slot, publish.
  * It holds no sequence state: killing it loses nothing but cache contents.
- * Fault injection for tests: K3_FAULT="kind:after[:worker[:lives]]" with kind in
+ * Fault injection, in the TEST build only (bin/k3-expertd-faults, compiled with
+ * -DK3_FAULT_INJECTION; the release bin/k3-expertd contains none of it, checked by
+ * tests/t_40_workers.sh with strings; tests pick the build with K3_EXPERTD=bin/k3-expertd-faults):
+ * K3_FAULT="kind:after[:worker[:lives]]" with kind in
  * crash|exit|hang|garbage|badsum|pause|scribble|semjunk|stop makes worker `worker`
  * (default 0) misbehave when serving request number `after`, in its first `lives`
  * lives (default 1): scribble writes garbage over the whole control page (magic,
@@ -39,6 +42,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#ifdef K3_FAULT_INJECTION
 typedef struct {
     char kind[16];
     unsigned long after;
@@ -51,6 +55,15 @@ static void parse_fault(fault_plan *f) {
     f->lives = 1;
     if (!s || sscanf(s, "%15[a-z]:%lu:%d:%d", f->kind, &f->after, &f->worker, &f->lives) < 2) f->kind[0] = 0;
 }
+/* 1 when this request is the one the plan names and its kind is k */
+#define FAULT_PLANNED(fp, sv, served) ((fp)->kind[0] && (served) == (fp)->after && (fp)->worker == (sv)->hello.worker && (sv)->hello.life < (fp)->lives)
+#define FAULT_IS(k) (fault && !strcmp(fp->kind, k))
+#else
+typedef struct { int none; } fault_plan; /* release build: no fault injection at all */
+static void parse_fault(fault_plan *f) { f->none = 1; }
+#define FAULT_PLANNED(fp, sv, served) ((void)(fp), (void)(served), 0)
+#define FAULT_IS(k) 0
+#endif
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -143,12 +156,13 @@ static int serve(server *sv, uint64_t seq, int32_t *ptok, int32_t *pexp, const f
     uint64_t hl, pl;
     size_t L = sv->store.L;
     float *y = (float *)ring_slot_payload(rg, out);
-    int fault = fp->kind[0] && served == fp->after && fp->worker == sv->hello.worker && sv->hello.life < fp->lives;
-    if (fault && !strcmp(fp->kind, "crash")) raise(SIGKILL);
-    if (fault && !strcmp(fp->kind, "exit")) _exit(3);
-    if (fault && !strcmp(fp->kind, "hang")) for (;;) pause();
-    if (fault && !strcmp(fp->kind, "stop")) raise(SIGSTOP);
-    if (fault && !strcmp(fp->kind, "pause"))
+    int fault = FAULT_PLANNED(fp, sv, served);
+    (void)fault;
+    if (FAULT_IS("crash")) raise(SIGKILL);
+    if (FAULT_IS("exit")) _exit(3);
+    if (FAULT_IS("hang")) for (;;) pause();
+    if (FAULT_IS("stop")) raise(SIGSTOP);
+    if (FAULT_IS("pause"))
         for (int i = 0; i < 30; i++) { usleep(100000); atomic_fetch_add(&ctl->heartbeat, 1); }
     if (ring_slot_lengths(rg, rs, seq, rg->req_cap, &hl, &pl, &err) ||
         wire_decode_request(ring_slot_hdr(rs), hl, sv->hello.max_pairs, &q, &err)) {
@@ -186,14 +200,14 @@ static int serve(server *sv, uint64_t seq, int32_t *ptok, int32_t *pexp, const f
     atomic_fetch_add(&ctl->stat_requests, 1);
     long hlen = wire_encode_response(&resp, ring_slot_hdr(out), rg->hdr_cap);
     if (hlen < 0) return 1;
-    if (fault && !strcmp(fp->kind, "garbage"))
+    if (FAULT_IS("garbage"))
         for (long i = 0; i < hlen; i++) ring_slot_hdr(out)[i] ^= (unsigned char)(0x5a + i);
-    if (fault && !strcmp(fp->kind, "badsum") && payload) ((unsigned char *)y)[payload / 2] ^= 1;
-    if (fault && !strcmp(fp->kind, "scribble")) { /* every control field, from the magic to the semaphores */
+    if (FAULT_IS("badsum") && payload) ((unsigned char *)y)[payload / 2] ^= 1;
+    if (FAULT_IS("scribble")) { /* every control field, from the magic to the semaphores */
         unsigned char *c = (unsigned char *)ctl;
         for (size_t i = 0; i < offsetof(ring_ctl, heartbeat); i++) c[i] = (unsigned char)(0xa5 ^ (i * 37));
     }
-    if (fault && !strcmp(fp->kind, "semjunk")) { atomic_store(&ctl->resp_items, 0xffffffffu); return 0; }
+    if (FAULT_IS("semjunk")) { atomic_store(&ctl->resp_items, 0xffffffffu); return 0; }
     ring_publish(out, seq, (uint64_t)hlen, payload, &ctl->resp_items);
     return 0;
 }
@@ -224,9 +238,11 @@ int main(int argc, char **argv) {
         ready.ok = 0;
         snprintf(ready.error, sizeof ready.error, "%.1000s", err.set ? err.msg : "no hello");
     } else ready.ok = 1;
+#ifdef K3_FAULT_INJECTION
     int start_fault = fp.kind[0] && fp.worker == sv.hello.worker && sv.hello.life < fp.lives;
     if (start_fault && !strcmp(fp.kind, "noready")) raise(SIGKILL);
     if (start_fault && !strcmp(fp.kind, "hangready")) for (;;) pause();
+#endif
     long len = wire_encode_ready(&ready, msg, sizeof msg);
     if (len < 0 || send(control_fd, msg, (size_t)len, 0) != len || !ready.ok) return 1;
 

@@ -6,14 +6,14 @@
 # ignored tests/fuzz/corpus-work/<target>/, crash/leak/timeout reproducers to
 # tests/fuzz/corpus-work/crashes/. Exit status is non-zero if any target failed.
 #   FUZZ_SECONDS=N     seconds per target (default 60)
-#   FUZZ_TARGETS="a b" targets to run (default: safetensors config state openai)
+#   FUZZ_TARGETS="a b" targets to run (default: safetensors config state openai wire ring)
 #   FUZZ_JOBS=N        parallel libFuzzer workers per target (default 1)
 #   CLANG=path         compiler (default clang-14, else clang)
 #   Replay one input:  build/fuzz/fuzz_config FILE
 set -u
 cd "$(dirname "$0")/../.."
 SECONDS_PER="${FUZZ_SECONDS:-60}"
-TARGETS="${FUZZ_TARGETS:-safetensors config state openai}"
+TARGETS="${FUZZ_TARGETS:-safetensors config state openai wire ring}"
 JOBS="${FUZZ_JOBS:-1}"
 CLANG="${CLANG:-$(command -v clang-14 || command -v clang)}"
 OUT=build/fuzz
@@ -33,6 +33,8 @@ sources_for() {
                       common/config.c common/error.c common/file_read.c ;;
     openai)      echo coordinator/openai_api.c coordinator/xtml.c coordinator/chat.c coordinator/tokenizer.c \
                       coordinator/unicode_classes.c coordinator/sampler.c common/error.c common/file_read.c ;;
+    wire)        echo common/wire.c common/error.c ;;
+    ring)        echo common/ring.c common/wire.c common/error.c ;;
     *) echo "run_fuzz.sh: unknown target '$1'" >&2; return 1 ;;
   esac
 }
@@ -43,7 +45,7 @@ for t in $TARGETS; do
   bin="$OUT/fuzz_$t"
   echo "== building $bin"
   # shellcheck disable=SC2086
-  if ! "$CLANG" "${CFLAGS[@]}" -o "$bin" "tests/fuzz/fuzz_$t.c" $srcs -ljansson -lm; then
+  if ! "$CLANG" "${CFLAGS[@]}" -o "$bin" "tests/fuzz/fuzz_$t.c" $srcs -ljansson -lmsgpackc -lrt -lpthread -lm; then
     echo "FAIL build fuzz_$t"; fail=1; continue
   fi
   mkdir -p "$WORK/$t"

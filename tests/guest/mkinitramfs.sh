@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds the initramfs of the NUMA test guests (tests/t_60_numa_guests.sh):
 #   tests/guest/mkinitramfs.sh OUT.cpio.gz GUEST_SCRIPT [FILE...]
-# It holds busybox (installed as /bin/* at boot), bin/k3 and bin/k3-expertd
+# It holds busybox (installed as /bin/* at boot), bin/k3, bin/k3-expertd and the test
+# build bin/k3-expertd-faults (fault injection: numa_checks.sh stops a server with K3_FAULT)
 # under /k3/bin, every shared library `ldd` lists at the same path,
 # tests/models/m13 under /k3/m13, GUEST_SCRIPT as /k3/guest.sh, the extra FILEs
 # under /k3/, and an /init that mounts proc, sysfs, devtmpfs, a tmpfs on /dev/shm
@@ -15,8 +16,8 @@ trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage"/{bin,proc,sys,dev,tmp,k3/bin,etc}
 cp "$BUSYBOX" "$stage/bin/busybox"
 bindir=$(dirname "${K3_BIN:-bin/k3}")
-cp "$bindir/k3" "$bindir/k3-expertd" "$stage/k3/bin/"
-for lib in $(ldd "$bindir/k3" "$bindir/k3-expertd" | awk '/=>/ && $3 ~ /^\// {print $3} /^\t\// {print $1}' | sort -u); do
+cp "$bindir/k3" "$bindir/k3-expertd" "$bindir/k3-expertd-faults" "$stage/k3/bin/"
+for lib in $(ldd "$bindir/k3" "$bindir/k3-expertd" "$bindir/k3-expertd-faults" | awk '/=>/ && $3 ~ /^\// {print $3} /^\t\// {print $1}' | sort -u); do
   mkdir -p "$stage$(dirname "$lib")"
   cp -L "$lib" "$stage$lib"
 done

@@ -87,10 +87,11 @@ fi
 
 # ---- one run on /k3/mn with WPN servers per node: the last server is stopped at its first
 # request, everything is inspected, the server is SIGKILLed, its next life (stopped again)
-# must be on the same node; then the run goes on and its ids must be the host's.
+# must be on the same node; then the run goes on and its ids must be the host's. The fault
+# comes from the test build of the server (K3_EXPERTD=/k3/bin/k3-expertd-faults).
 case "$topo" in 2s2n) WPN=2 ;; *) WPN=1 ;; esac
 n_srv=$((WPN * n_nodes)); last=$((n_srv - 1))
-K3_FAULT=stop:1:$last:2 $K3 /k3/mn --ids "$IDS" --gen $GEN --workers-per-node $WPN --worker-timeout-ms 600000 \
+K3_EXPERTD=/k3/bin/k3-expertd-faults K3_FAULT=stop:1:$last:2 $K3 /k3/mn --ids "$IDS" --gen $GEN --workers-per-node $WPN --worker-timeout-ms 600000 \
   --json /tmp/r.json > /tmp/r.out 2> /tmp/r.err &
 K=$!
 sp=$(wait_stopped 0 $K)

@@ -27,8 +27,10 @@
 #include "common/checkpoint.h"
 #include "common/config.h"
 #include "common/safetensors.h"
+#include "tests/unit/check.h"
 
-static int failures, checks;
+#define failures check_failures /* tests/unit/check.h's counters */
+#define checks check_count
 
 static void fail(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void fail(const char *fmt, ...) {

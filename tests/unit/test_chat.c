@@ -32,21 +32,12 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "tests/unit/check.h"
 
 /* a cleared k3_error for the next call (the first failure wins, so each call gets a fresh one) */
 #define ERRP (k3_error_clear(&err), &err)
 
-static int failures;
 
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            failures++;                                                     \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fputc('\n', stderr);                                            \
-        }                                                                   \
-    } while (0)
 
 static void die(const char *msg) {
     fprintf(stderr, "fatal: %s\n", msg);
@@ -1112,8 +1103,8 @@ int main(int argc, char **argv) {
     test_repl(&te);
     engine_close(&te);
     nftw(tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-    if (failures) {
-        fprintf(stderr, "test_chat: %d failures\n", failures);
+    if (check_failures) {
+        fprintf(stderr, "test_chat: %d failures\n", check_failures);
         return 1;
     }
     printf("test_chat: all passed\n");

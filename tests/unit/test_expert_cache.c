@@ -25,25 +25,11 @@
 #include "common/wire.h"
 #include "workers/expert_batch.h"
 #include "workers/expert_cache.h"
+#include "tests/unit/check.h"
 
 #define MODEL "tests/models/m13"
 
-typedef struct {
-    int failures, checks;
-} tstate;
 
-#define CHECK(ts, cond, ...)                                                                              \
-    do {                                                                                                  \
-        (ts)->checks++;                                                                                   \
-        if (!(cond)) {                                                                                    \
-            (ts)->failures++;                                                                             \
-            if ((ts)->failures <= 50) {                                                                   \
-                printf("FAIL %s:%d: ", __FILE__, __LINE__);                                               \
-                printf(__VA_ARGS__);                                                                      \
-                printf("\n");                                                                             \
-            }                                                                                             \
-        }                                                                                                 \
-    } while (0)
 
 /* ---- one worker's view of the model ---- */
 
@@ -115,18 +101,18 @@ static request for_worker(const request *r, int worker, int n_workers) {
 /* What expert_batch_run does with the cache, minus the compute: prefetch the
  * distinct experts, then acquire and release each in order. Also checks that the
  * bytes handed out are the expert's bytes in the file. */
-static int run_request(expert_cache *c, model *m, const request *r, tstate *ts, k3_error *err) {
+static int run_request(expert_cache *c, model *m, const request *r, int verify, k3_error *err) {
     expert_source src = expert_cache_source(c);
     if (src.prefetch(src.ctx, r->layer, r->e, (size_t)r->n, err)) return -1;
     for (int i = 0; i < r->n; i++) {
         expert_weights w, ref;
         if (src.acquire(src.ctx, r->layer, r->e[i], &w, err)) return -1;
-        if (ts) {
+        if (verify) {
             if (expert_weights_mapped(&m->st, &m->ck, r->layer, r->e[i], &ref, err)) return -1;
             const mxfp4_weight *a[3] = {&w.w1, &w.w2, &w.w3}, *b[3] = {&ref.w1, &ref.w2, &ref.w3};
             for (int j = 0; j < 3; j++) {
                 size_t np = a[j]->rows * a[j]->cols / 2, ns = a[j]->rows * a[j]->cols / 32;
-                CHECK(ts, a[j]->rows == b[j]->rows && a[j]->cols == b[j]->cols && !memcmp(a[j]->packed, b[j]->packed, np) &&
+                CHECK(a[j]->rows == b[j]->rows && a[j]->cols == b[j]->cols && !memcmp(a[j]->packed, b[j]->packed, np) &&
                               !memcmp(a[j]->scales, b[j]->scales, ns),
                       "policy %s: layer %d expert %d: matrix %d differs from the file", cache_policy_name(expert_cache_get_policy(c)),
                       r->layer, r->e[i], j);
@@ -194,7 +180,7 @@ static int replay(const char *dir, const request *rq, int n, int n_workers, size
         int rc = c ? 0 : -1;
         for (int i = 0; i < n && !rc; i++) {
             request q = for_worker(&rq[i], w, n_workers);
-            if (q.n) rc = run_request(c, &m, &q, NULL, err);
+            if (q.n) rc = run_request(c, &m, &q, 0, err);
         }
         if (c) {
             expert_cache_stats s = expert_cache_get_stats(c);
@@ -241,50 +227,50 @@ static int replay_main(int argc, char **argv) {
 
 /* ---- the unit tests ---- */
 
-static void test_names(tstate *ts) {
+static void test_names(void) {
     cache_policy p = CACHE_POLICY_COUNT;
     for (int i = 0; i < CACHE_POLICY_COUNT; i++) {
-        CHECK(ts, cache_policy_parse(cache_policy_name((cache_policy)i), &p) == 0 && p == (cache_policy)i, "policy %d round trip", i);
+        CHECK(cache_policy_parse(cache_policy_name((cache_policy)i), &p) == 0 && p == (cache_policy)i, "policy %d round trip", i);
     }
-    CHECK(ts, cache_policy_parse("lru", &p) == 0 && p == CACHE_POLICY_LRU, "parse lru");
-    CHECK(ts, cache_policy_parse("lfu", &p) == 0 && p == CACHE_POLICY_LFU, "parse lfu");
-    CHECK(ts, cache_policy_parse("phit", &p) == 0 && p == CACHE_POLICY_PHIT, "parse phit");
+    CHECK(cache_policy_parse("lru", &p) == 0 && p == CACHE_POLICY_LRU, "parse lru");
+    CHECK(cache_policy_parse("lfu", &p) == 0 && p == CACHE_POLICY_LFU, "parse lfu");
+    CHECK(cache_policy_parse("phit", &p) == 0 && p == CACHE_POLICY_PHIT, "parse phit");
     p = CACHE_POLICY_LFU;
-    CHECK(ts, cache_policy_parse("LRU", &p) == -1 && p == CACHE_POLICY_LFU, "'LRU' refused, out untouched");
-    CHECK(ts, cache_policy_parse("", &p) == -1 && cache_policy_parse(NULL, &p) == -1, "empty / NULL refused");
-    CHECK(ts, !strcmp(cache_policy_name(CACHE_POLICY_COUNT), "?"), "invalid value prints '?'");
+    CHECK(cache_policy_parse("LRU", &p) == -1 && p == CACHE_POLICY_LFU, "'LRU' refused, out untouched");
+    CHECK(cache_policy_parse("", &p) == -1 && cache_policy_parse(NULL, &p) == -1, "empty / NULL refused");
+    CHECK(!strcmp(cache_policy_name(CACHE_POLICY_COUNT), "?"), "invalid value prints '?'");
 }
 
-static void test_create(tstate *ts, model *m) {
+static void test_create(model *m) {
     k3_error err = {0};
     uint64_t sb = expert_cache_slot_bytes(&m->st);
-    CHECK(ts, expert_cache_create(&m->st, &m->ck, sb - 1, -1, &err) == NULL && strstr(err.msg, "below one expert slot"),
+    CHECK(expert_cache_create(&m->st, &m->ck, sb - 1, -1, &err) == NULL && strstr(err.msg, "below one expert slot"),
           "budget below one slot: '%s'", err.msg);
     err = (k3_error){0};
     expert_cache *c = expert_cache_create(&m->st, &m->ck, 3 * sb + sb / 2, -1, &err);
-    CHECK(ts, c && expert_cache_slots(c) == 3, "3.5 slots of budget -> 3 slots");
+    CHECK(c && expert_cache_slots(c) == 3, "3.5 slots of budget -> 3 slots");
     if (!c) return;
-    CHECK(ts, expert_cache_get_policy(c) == CACHE_POLICY_DEFAULT && CACHE_POLICY_DEFAULT == CACHE_POLICY_PHIT, "default policy is phit");
+    CHECK(expert_cache_get_policy(c) == CACHE_POLICY_DEFAULT && CACHE_POLICY_DEFAULT == CACHE_POLICY_PHIT, "default policy is phit");
     expert_cache_set_policy(c, CACHE_POLICY_COUNT);
-    CHECK(ts, expert_cache_get_policy(c) == CACHE_POLICY_DEFAULT, "an invalid policy is ignored");
+    CHECK(expert_cache_get_policy(c) == CACHE_POLICY_DEFAULT, "an invalid policy is ignored");
     expert_cache_set_policy(c, CACHE_POLICY_LRU);
-    CHECK(ts, expert_cache_get_policy(c) == CACHE_POLICY_LRU, "set lru");
+    CHECK(expert_cache_get_policy(c) == CACHE_POLICY_LRU, "set lru");
     expert_cache_free(c);
 }
 
 /* One slot: no prefetch; everything on demand; a request may need more experts than slots. */
-static void test_one_slot(tstate *ts, model *m) {
+static void test_one_slot(model *m) {
     static const request seq[] = {{1, 1, {3}}, {1, 1, {3}}, {1, 2, {3, 5}}, {2, 1, {0}}, {2, 3, {0, 7, 9}}, {2, 1, {9}}};
     for (int p = 0; p < CACHE_POLICY_COUNT; p++) {
         k3_error err = {0};
         expert_cache *c = cache_of(m, 1, (cache_policy)p, &err);
-        CHECK(ts, c != NULL, "1-slot cache: %s", err.msg);
+        CHECK(c != NULL, "1-slot cache: %s", err.msg);
         if (!c) return;
         int rc = 0;
-        for (size_t i = 0; i < sizeof seq / sizeof seq[0] && !rc; i++) rc = run_request(c, m, &seq[i], ts, &err);
+        for (size_t i = 0; i < sizeof seq / sizeof seq[0] && !rc; i++) rc = run_request(c, m, &seq[i], 1, &err);
         expert_cache_stats s = expert_cache_get_stats(c);
         /* hits: {3} again; 3 of {3,5}; 0 of {0,7,9}; 9 again. misses: 3, 5, 0, 7, 9 */
-        CHECK(ts, !rc && s.hits == 4 && s.misses == 5 && s.bytes_read == 5 * m->st.expert_bytes,
+        CHECK(!rc && s.hits == 4 && s.misses == 5 && s.bytes_read == 5 * m->st.expert_bytes,
               "1 slot, %s: rc %d (%s) hits %llu misses %llu bytes %llu", cache_policy_name((cache_policy)p), rc, err.msg,
               (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.bytes_read);
         expert_cache_free(c);
@@ -294,50 +280,50 @@ static void test_one_slot(tstate *ts, model *m) {
 /* Pinned slots are never evicted; the misses of one prefetch get distinct slots
  * (a slot being read is never a victim); a request's resident experts are pinned
  * before its misses take slots. */
-static void test_pins(tstate *ts, model *m) {
+static void test_pins(model *m) {
     for (int p = 0; p < CACHE_POLICY_COUNT; p++) {
         const char *pn = cache_policy_name((cache_policy)p);
         k3_error err = {0};
         expert_cache *c = cache_of(m, 3, (cache_policy)p, &err);
-        if (!c) { CHECK(ts, 0, "%s", err.msg); return; }
+        if (!c) { CHECK(0, "%s", err.msg); return; }
         expert_source src = expert_cache_source(c);
         expert_weights w;
         /* three misses of one request into three slots (window = n_slots - 1 = 2, the third on demand) */
         request r = {1, 3, {2, 4, 6}};
-        CHECK(ts, run_request(c, m, &r, ts, &err) == 0, "%s: %s", pn, err.msg);
+        CHECK(run_request(c, m, &r, 1, &err) == 0, "%s: %s", pn, err.msg);
         expert_cache_stats s = expert_cache_get_stats(c);
-        CHECK(ts, s.misses == 3 && s.hits == 0, "%s: 3 misses expected, got %llu/%llu", pn, (unsigned long long)s.misses,
+        CHECK(s.misses == 3 && s.hits == 0, "%s: 3 misses expected, got %llu/%llu", pn, (unsigned long long)s.misses,
               (unsigned long long)s.hits);
         /* the first two were read by one prefetch into distinct slots: both still resident */
         request r2 = {1, 2, {2, 4}};
-        CHECK(ts, run_request(c, m, &r2, ts, &err) == 0, "%s: %s", pn, err.msg);
+        CHECK(run_request(c, m, &r2, 1, &err) == 0, "%s: %s", pn, err.msg);
         s = expert_cache_get_stats(c);
-        CHECK(ts, s.hits == 2 && s.misses == 3, "%s: prefetched misses must land in distinct slots (hits %llu misses %llu)", pn,
+        CHECK(s.hits == 2 && s.misses == 3, "%s: prefetched misses must land in distinct slots (hits %llu misses %llu)", pn,
               (unsigned long long)s.hits, (unsigned long long)s.misses);
 
         /* prefetch pins {2, 4}; while they are pinned, other experts may only use the third slot */
         int32_t pf[2] = {2, 4};
-        CHECK(ts, src.prefetch(src.ctx, 1, pf, 2, &err) == 0, "%s: prefetch: %s", pn, err.msg);
+        CHECK(src.prefetch(src.ctx, 1, pf, 2, &err) == 0, "%s: prefetch: %s", pn, err.msg);
         for (int e = 8; e < 12; e++) {
-            CHECK(ts, src.acquire(src.ctx, 1, e, &w, &err) == 0, "%s: acquire %d with two pinned: %s", pn, e, err.msg);
+            CHECK(src.acquire(src.ctx, 1, e, &w, &err) == 0, "%s: acquire %d with two pinned: %s", pn, e, err.msg);
             src.release(src.ctx, 1, e);
         }
         /* now hold expert 12 too: every slot is pinned, the next miss must fail, not evict */
-        CHECK(ts, src.acquire(src.ctx, 1, 12, &w, &err) == 0, "%s: acquire 12: %s", pn, err.msg);
+        CHECK(src.acquire(src.ctx, 1, 12, &w, &err) == 0, "%s: acquire 12: %s", pn, err.msg);
         k3_error e2 = {0};
-        CHECK(ts, src.acquire(src.ctx, 1, 13, &w, &e2) == -1 && strstr(e2.msg, "every slot is in use"),
+        CHECK(src.acquire(src.ctx, 1, 13, &w, &e2) == -1 && strstr(e2.msg, "every slot is in use"),
               "%s: a miss with every slot pinned must fail (got '%s')", pn, e2.msg);
         src.release(src.ctx, 1, 12);
         /* the pinned ones were never evicted: using them now are hits with the right bytes */
         uint64_t h0 = expert_cache_get_stats(c).hits;
         for (int i = 0; i < 2; i++) {
             expert_weights ref;
-            CHECK(ts, src.acquire(src.ctx, 1, pf[i], &w, &err) == 0 && expert_weights_mapped(&m->st, &m->ck, 1, pf[i], &ref, &err) == 0 &&
+            CHECK(src.acquire(src.ctx, 1, pf[i], &w, &err) == 0 && expert_weights_mapped(&m->st, &m->ck, 1, pf[i], &ref, &err) == 0 &&
                           !memcmp(w.w1.packed, ref.w1.packed, w.w1.rows * w.w1.cols / 2),
                       "%s: pinned expert %d lost", pn, pf[i]);
             src.release(src.ctx, 1, pf[i]);
         }
-        CHECK(ts, expert_cache_get_stats(c).hits == h0, "%s: using prefetched experts counts no new hit", pn);
+        CHECK(expert_cache_get_stats(c).hits == h0, "%s: using prefetched experts counts no new hit", pn);
         expert_cache_free(c);
     }
 
@@ -345,11 +331,11 @@ static void test_pins(tstate *ts, model *m) {
      * oldest slot holds expert 5; request {1, 5} must pin 5 before 1 takes a slot */
     k3_error err = {0};
     expert_cache *c = cache_of(m, 3, CACHE_POLICY_LRU, &err);
-    if (!c) { CHECK(ts, 0, "%s", err.msg); return; }
+    if (!c) { CHECK(0, "%s", err.msg); return; }
     static const request seq[] = {{1, 1, {5}}, {1, 1, {6}}, {1, 1, {7}}, {1, 2, {1, 5}}};
-    for (int i = 0; i < 4; i++) CHECK(ts, run_request(c, m, &seq[i], ts, &err) == 0, "%s", err.msg);
+    for (int i = 0; i < 4; i++) CHECK(run_request(c, m, &seq[i], 1, &err) == 0, "%s", err.msg);
     expert_cache_stats s = expert_cache_get_stats(c);
-    CHECK(ts, s.hits == 1 && s.misses == 4, "resident expert of a request evicted by its own miss (hits %llu misses %llu)",
+    CHECK(s.hits == 1 && s.misses == 4, "resident expert of a request evicted by its own miss (hits %llu misses %llu)",
           (unsigned long long)s.hits, (unsigned long long)s.misses);
     expert_cache_free(c);
 }
@@ -393,7 +379,7 @@ static int seq_mixed(request *out) {
     return n;
 }
 
-static void test_sequences(tstate *ts) {
+static void test_sequences(void) {
     /* hits for lru, lfu, phit; lookups. The sequences written as traces (pos = pass,
      * one line per request) and replayed by scripts/sim_expert_cache.py --sizes S
      * --workers W give these numbers (and min / sieve / s3fifo, in the comments). */
@@ -412,7 +398,7 @@ static void test_sequences(tstate *ts) {
             uint64_t h, mi;
             k3_error err = {0};
             int rc = replay(MODEL, buf, n, exp[i].workers, (size_t)exp[i].slots, (cache_policy)p, &h, &mi, &err);
-            CHECK(ts, rc == 0 && (long)h == exp[i].hits[p] && (long)(h + mi) == exp[i].lookups,
+            CHECK(rc == 0 && (long)h == exp[i].hits[p] && (long)(h + mi) == exp[i].lookups,
                   "sequence %s, %d slots, %d workers, %s: hits %llu of %llu, simulator says %ld of %ld (%s)", exp[i].name,
                   exp[i].slots, exp[i].workers, cache_policy_name((cache_policy)p), (unsigned long long)h,
                   (unsigned long long)(h + mi), exp[i].hits[p], exp[i].lookups, err.msg);
@@ -432,14 +418,14 @@ static int mapped_acquire(void *ctx, int layer, int expert, expert_weights *w, k
     return expert_weights_mapped(m->st, m->ck, layer, expert, w, err);
 }
 
-static void test_identical(tstate *ts, model *m) {
+static void test_identical(model *m) {
     const kernels *k = kernels_get(SIMD_AUTO);
     size_t L = m->st.L, I = m->st.I;
     enum { NTOK = 6, K = 4, NREQ = 40 };
     float *z = malloc(NTOK * L * sizeof *z), *ref = malloc(NREQ * NTOK * K * L * sizeof *ref),
           *out = malloc(NTOK * K * L * sizeof *out);
     int32_t ptok[NTOK * K], pexp[NTOK * K], players[NREQ];
-    if (!z || !ref || !out) { CHECK(ts, 0, "out of memory"); goto done; }
+    if (!z || !ref || !out) { CHECK(0, "out of memory"); goto done; }
     uint64_t seed = 12345;
     for (size_t i = 0; i < NTOK * L; i++) {
         seed = seed * 6364136223846793005ull + 1442695040888963407ull;
@@ -460,7 +446,7 @@ static void test_identical(tstate *ts, model *m) {
         for (int i = 0; i < NTOK * K; i++) { ptok[i] = i / K; pexp[i] = all_exp[q][i]; }
         if (expert_batch_run(k, &msrc, L, I, m->cfg.situ_beta, m->cfg.situ_linear_beta, players[q], z, NTOK, ptok, pexp,
                              NTOK * K, ref + (size_t)q * NTOK * K * L, &err)) {
-            CHECK(ts, 0, "reference run: %s", err.msg);
+            CHECK(0, "reference run: %s", err.msg);
             goto done;
         }
     }
@@ -468,7 +454,7 @@ static void test_identical(tstate *ts, model *m) {
     for (int p = 0; p < CACHE_POLICY_COUNT; p++)
         for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
             expert_cache *c = cache_of(m, sizes[si], (cache_policy)p, &err);
-            if (!c) { CHECK(ts, 0, "%s", err.msg); goto done; }
+            if (!c) { CHECK(0, "%s", err.msg); goto done; }
             expert_source src = expert_cache_source(c);
             int same = 1, rc = 0;
             for (int q = 0; q < NREQ && !rc; q++) {
@@ -478,9 +464,9 @@ static void test_identical(tstate *ts, model *m) {
                 same &= !memcmp(out, ref + (size_t)q * NTOK * K * L, NTOK * K * L * sizeof *out);
             }
             expert_cache_stats s = expert_cache_get_stats(c);
-            CHECK(ts, rc == 0 && same, "policy %s, %zu slots: outputs differ from the mapped experts (rc %d: %s)",
+            CHECK(rc == 0 && same, "policy %s, %zu slots: outputs differ from the mapped experts (rc %d: %s)",
                   cache_policy_name((cache_policy)p), sizes[si], rc, err.msg);
-            CHECK(ts, s.bytes_read == s.misses * m->st.expert_bytes && s.hits + s.misses > 0, "policy %s, %zu slots: bytes_read",
+            CHECK(s.bytes_read == s.misses * m->st.expert_bytes && s.hits + s.misses > 0, "policy %s, %zu slots: bytes_read",
                   cache_policy_name((cache_policy)p), sizes[si]);
             expert_cache_free(c);
         }
@@ -490,20 +476,19 @@ done:
 
 int main(int argc, char **argv) {
     if (argc > 1) return replay_main(argc, argv);
-    tstate ts = {0};
     model m;
     k3_error err = {0};
     if (model_open(&m, MODEL, 0, 1, &err)) {
         printf("FAIL: cannot open %s: %s\n", MODEL, err.msg);
         return 1;
     }
-    test_names(&ts);
-    test_create(&ts, &m);
-    test_one_slot(&ts, &m);
-    test_pins(&ts, &m);
-    test_sequences(&ts);
-    test_identical(&ts, &m);
+    test_names();
+    test_create(&m);
+    test_one_slot(&m);
+    test_pins(&m);
+    test_sequences();
+    test_identical(&m);
     model_close(&m);
-    printf("%s: %d checks, %d failures\n", ts.failures ? "FAIL" : "ok", ts.checks, ts.failures);
-    return ts.failures ? 1 : 0;
+    printf("%s: %d checks, %d failures\n", check_failures ? "FAIL" : "ok", check_count, check_failures);
+    return check_failures ? 1 : 0;
 }

@@ -15,21 +15,10 @@
 #include "coordinator/plan.h"
 #include "coordinator/trunk.h"
 #include "workers/expert_cache.h"
+#include "tests/unit/check.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int failures, checks;
-#define CHECK(c, ...)                                                                   \
-    do {                                                                                \
-        checks++;                                                                       \
-        if (!(c)) {                                                                     \
-            failures++;                                                                 \
-            printf("FAIL %s:%d: %s: ", __FILE__, __LINE__, #c);                         \
-            printf(__VA_ARGS__);                                                        \
-            printf("\n");                                                               \
-        }                                                                               \
-    } while (0)
 
 static void test_tables(void) {
     for (int k = 0; k < LS_NKINDS; k++) {
@@ -172,6 +161,5 @@ int main(void) {
     test_tables();
     test_model("tests/models/m13");
     test_model("tests/models/m14b12");
-    printf("test_layer_schema: %d checks, %d failures\n", checks, failures);
-    return failures ? 1 : 0;
+    return check_report("test_layer_schema");
 }

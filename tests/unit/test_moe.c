@@ -7,9 +7,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include "tests/unit/check.h"
 
-static int failures;
-#define CHECK(c, ...) do { if (!(c)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
 
 int main(void) {
     k3_config c = {0};
@@ -61,7 +60,7 @@ int main(void) {
     float acc;
     moe_combine(cw, y, 3, 1, &acc);
     CHECK(acc == 0.0f, "MoE combine must sum in top-k order (got %g, an id-sorted sum gives 1)", acc);
-    if (failures) { printf("%d failure(s)\n", failures); return 1; }
+    if (check_report("test_moe")) return 1;
     printf("test_moe: ok\n");
     return 0;
 }

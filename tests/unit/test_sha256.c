@@ -3,12 +3,11 @@
  * each also fed in odd-sized pieces so partial blocks are exercised, on the portable
  * path and, when the CPU has them, the SHA-NI path. */
 #include "common/sha256.h"
+#include "tests/unit/check.h"
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static int failures;
 
 static int use_shani;
 
@@ -22,7 +21,7 @@ static void check(const char *what, const void *msg, size_t len, size_t piece, s
     char hex[65];
     sha256_final(&c, d);
     sha256_hex(d, hex);
-    if (strcmp(hex, want)) { failures++; printf("FAIL %s (piece %zu, %s): %s, want %s\n", what, piece, use_shani ? "SHA-NI" : "portable", hex, want); }
+    CHECK(!strcmp(hex, want), "%s (piece %zu, %s): %s, want %s", what, piece, use_shani ? "SHA-NI" : "portable", hex, want);
 }
 
 static void vectors(void) {
@@ -67,7 +66,7 @@ int main(void) {
     vectors();
     int have = sha256_cpu_has_shani();
     if (have) { use_shani = 1; vectors(); }
-    if (failures) { printf("%d failures\n", failures); return 1; }
+    if (check_failures) { printf("%d failures\n", check_failures); return 1; }
     printf("sha256: all FIPS 180-4 vectors pass (portable%s); portable %.0f MB/s", have ? " and SHA-NI" : "; no SHA-NI on this CPU", rate(0));
     if (have) printf(", SHA-NI %.0f MB/s", rate(1));
     printf(" (one thread, not asserted)\n");

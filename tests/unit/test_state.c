@@ -22,6 +22,7 @@
 #include "coordinator/snapshots.h"
 #include "coordinator/state_file.h"
 #include "coordinator/trunk.h"
+#include "tests/unit/check.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -30,18 +31,6 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
-
-static int failures;
-
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            failures++;                                                     \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fputc('\n', stderr);                                            \
-        }                                                                   \
-    } while (0)
 
 static void die(const char *msg) {
     fprintf(stderr, "fatal: %s\n", msg);
@@ -529,8 +518,8 @@ int main(void) {
     char cmd[700];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", tmpdir);
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
+    if (check_failures) {
+        fprintf(stderr, "%d failure(s)\n", check_failures);
         return 1;
     }
     printf("test_state: all passed\n");

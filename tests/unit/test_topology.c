@@ -7,15 +7,13 @@
  * machine once. */
 #define _GNU_SOURCE
 #include "common/topology.h"
+#include "tests/unit/check.h"
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-static int failures;
-#define CHECK(c, ...) do { if (!(c)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
 
 static char g_root[256];
 
@@ -121,7 +119,7 @@ static void test_one_node(void) {
     status("0-3", "0");
     k3_topology t;
     placement pl;
-    if (read_topo(&t)) { failures++; return; }
+    if (read_topo(&t)) { check_failures++; return; }
     CHECK(t.n_nodes == 1 && t.n_cpus == 4 && t.nodes[0].mem_total == 8192ull << 20, "1 node: %d nodes %d cpus", t.n_nodes, t.n_cpus);
     if (make(&t, -1, 1, 0, 0, 1, &pl) == 0) {
         CHECK(!pl.bound && pl.n_domains == 1 && pl.n_servers == 1, "1 node: unbound, one server");
@@ -151,7 +149,7 @@ static void test_two_nodes(void) {
     put("sys/devices/system/node/node1/distance", "21 10\n");
     k3_topology t;
     placement pl;
-    if (read_topo(&t)) { failures++; return; }
+    if (read_topo(&t)) { check_failures++; return; }
     CHECK(t.n_nodes == 2 && t.distance[1] == 21, "2 nodes, distance read");
     if (make(&t, -1, 1, 0, 0, 1, &pl) == 0) {
         CHECK(pl.bound && pl.n_domains == 2 && pl.n_servers == 2, "2 nodes: 2 domains, 2 servers");
@@ -215,7 +213,7 @@ static void test_many_nodes(int n) {
     /* no proc/self/status: no restriction */
     k3_topology t;
     placement pl;
-    if (read_topo(&t)) { failures++; return; }
+    if (read_topo(&t)) { check_failures++; return; }
     CHECK(t.n_nodes == n && t.n_cpus == 8 * n, "%d nodes: %d cpus", n, t.n_cpus);
     if (make(&t, -1, 1, 0, 0, 1, &pl) == 0) {
         CHECK(pl.n_servers == n && pl.n_domains == n && pl.coord_threads == 8 * n, "%d nodes: %d servers", n, pl.n_servers);
@@ -256,7 +254,7 @@ static void test_unequal(void) {
     status("0-7", "0-1");
     k3_topology t;
     placement pl;
-    if (read_topo(&t)) { failures++; return; }
+    if (read_topo(&t)) { check_failures++; return; }
     if (make(&t, -1, 2, 4, 0, 1, &pl) == 0) {
         CHECK(pl.coord[0].threads == 3 && pl.coord[1].threads == 1, "--threads 4 on 6+2 cpus: %d + %d", pl.coord[0].threads, pl.coord[1].threads);
         CHECK(!strcmp(list(&pl.server[0].cpus), "0-2") && !strcmp(list(&pl.server[1].cpus), "3-5") && pl.server[1].threads == 3,
@@ -284,7 +282,7 @@ static void test_affinity_mask(void) {
     status("0-2", "0-1"); /* taskset -c 0-2 */
     k3_topology t;
     placement pl;
-    if (read_topo(&t)) { failures++; return; }
+    if (read_topo(&t)) { check_failures++; return; }
     CHECK(t.n_cpus == 3 && t.nodes[1].n_cpus == 1 && t.nodes[1].n_cpus_online == 2, "affinity: node 1 keeps cpu 2 only");
     if (make(&t, -1, 1, 0, 0, 1, &pl) == 0) {
         CHECK(pl.n_domains == 2 && !strcmp(list(&pl.server[1].cpus), "2") && pl.server[1].threads == 1, "affinity: server 1 on cpu 2");
@@ -293,14 +291,14 @@ static void test_affinity_mask(void) {
     }
     status("0-1", "0-1"); /* node 1 has no allowed cpu: its memory alone is not used */
     topology_free(&t);
-    if (read_topo(&t)) { failures++; return; }
+    if (read_topo(&t)) { check_failures++; return; }
     if (make(&t, -1, 1, 0, 0, 1, &pl) == 0) {
         CHECK(pl.n_domains == 1 && !pl.bound && pl.n_servers == 1, "affinity hides node 1: one unbound domain");
         placement_free(&pl);
     }
     status("", "0-1"); /* nothing allowed: refused */
     topology_free(&t);
-    if (read_topo(&t)) { failures++; return; }
+    if (read_topo(&t)) { check_failures++; return; }
     CHECK(make(&t, -1, 1, 0, 0, 1, &pl) != 0, "no usable cpu is refused");
     topology_free(&t);
     cleanup();
@@ -317,7 +315,7 @@ static void test_cpuset_hides_node(void) {
     put("sys/fs/cgroup/k3.slice/cpuset.mems.effective", "0\n");
     k3_topology t;
     placement pl;
-    if (read_topo(&t)) { failures++; return; }
+    if (read_topo(&t)) { check_failures++; return; }
     CHECK(t.n_cpus == 4 && t.nodes[1].n_cpus == 0 && !t.nodes[1].mem_usable && t.nodes[0].mem_usable, "cgroup v2 cpuset hides node 1");
     if (make(&t, -1, 1, 0, 0, 1, &pl) == 0) {
         CHECK(pl.n_domains == 1 && !pl.bound && pl.n_servers == 1 && pl.coord_threads == 4, "hidden node: one domain, 4 threads");
@@ -326,7 +324,7 @@ static void test_cpuset_hides_node(void) {
     topology_free(&t);
     /* cpus allowed but the node's memory is not: its cpus join node 0 */
     put("sys/fs/cgroup/k3.slice/cpuset.cpus.effective", "0-7\n");
-    if (read_topo(&t)) { failures++; return; }
+    if (read_topo(&t)) { check_failures++; return; }
     if (make(&t, -1, 1, 0, 0, 1, &pl) == 0) {
         CHECK(pl.n_domains == 1 && pl.coord_threads == 8, "memory of node 1 hidden: its cpus join node 0 (%d threads)", pl.coord_threads);
         placement_free(&pl);
@@ -336,7 +334,7 @@ static void test_cpuset_hides_node(void) {
     put("proc/self/cgroup", "12:cpu,cpuacct:/x\n7:cpuset:/k3\n0::/\n");
     put("sys/fs/cgroup/cpuset/k3/cpuset.effective_cpus", "4-7\n");
     put("sys/fs/cgroup/cpuset/k3/cpuset.effective_mems", "1\n");
-    if (read_topo(&t)) { failures++; return; }
+    if (read_topo(&t)) { check_failures++; return; }
     CHECK(t.n_cpus == 4 && t.nodes[0].n_cpus == 0 && t.nodes[1].n_cpus == 4 && !t.nodes[0].mem_usable, "cgroup v1 cpuset keeps node 1");
     topology_free(&t);
     put("sys/fs/cgroup/cpuset/k3/cpuset.effective_cpus", "4-x\n");
@@ -352,7 +350,7 @@ static void test_memoryless(void) {
     put("sys/devices/system/node/node2/distance", "20 12 10\n");
     k3_topology t;
     placement pl;
-    if (read_topo(&t)) { failures++; return; }
+    if (read_topo(&t)) { check_failures++; return; }
     CHECK(t.nodes[2].memoryless && !t.nodes[2].mem_usable && t.nodes[2].n_cpus == 2, "node 2 is memoryless");
     if (make(&t, -1, 1, 0, 0, 1, &pl) == 0) {
         CHECK(pl.n_domains == 2 && pl.n_servers == 2, "memoryless node: 2 domains, 2 servers (%d, %d)", pl.n_domains, pl.n_servers);
@@ -365,7 +363,7 @@ static void test_memoryless(void) {
     const char *cpus2[] = {"0-3", ""};
     int mem2[] = {2048, 8192};
     machine(2, cpus2, mem2);
-    if (read_topo(&t)) { failures++; return; }
+    if (read_topo(&t)) { check_failures++; return; }
     if (make(&t, -1, 1, 0, 0, 1, &pl) == 0) {
         CHECK(pl.n_domains == 1 && !pl.bound, "cpu-less memory node unused");
         placement_free(&pl);
@@ -380,7 +378,7 @@ static void test_no_numa_kernel(void) {
     put("proc/meminfo", "MemTotal:       16384000 kB\nMemFree:        8000000 kB\n");
     status("0-3", "0");
     k3_topology t;
-    if (read_topo(&t)) { failures++; return; }
+    if (read_topo(&t)) { check_failures++; return; }
     CHECK(!t.numa_sysfs && t.n_nodes == 1 && t.nodes[0].n_cpus == 4 && t.nodes[0].n_cpus_online == 6 &&
               t.nodes[0].mem_total == 16384000ull * 1024,
           "no NUMA: one node, affinity applied");
@@ -433,7 +431,7 @@ int main(void) {
     test_no_numa_kernel();
     test_malformed();
     test_this_machine();
-    if (failures) { printf("%d failure(s)\n", failures); return 1; }
+    if (check_failures) { printf("%d failure(s)\n", check_failures); return 1; }
     printf("topology: all tests passed\n");
     return 0;
 }

@@ -8,9 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "tests/unit/check.h"
 
-static int failures;
-#define CHECK(c, ...) do { if (!(c)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
 
 static const int32_t PROMPT[] = {5, 17, 300, 42, 7, 99, 256, 1};
 #define NP (sizeof PROMPT / sizeof PROMPT[0])
@@ -92,7 +91,7 @@ int main(void) {
     }
     free(ref);
     model_free(&m);
-    if (failures) { printf("%d failure(s)\n", failures); return 1; }
+    if (check_report("test_trunk")) return 1;
     printf("test_trunk: ok\n");
     return 0;
 }

@@ -7,15 +7,13 @@
 #include "common/safetensors.h"
 #include "common/sha256.h"
 #include "coordinator/verify.h"
+#include "tests/unit/check.h"
 #include <jansson.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-
-static int failures;
-#define CHECK(c, ...) do { if (!(c)) { failures++; printf("FAIL %s:%d: ", __FILE__, __LINE__); printf(__VA_ARGS__); printf("\n"); } } while (0)
 
 static const char *FILES[] = {"config.json", "model.safetensors.index.json", "model-00001-of-00003.safetensors",
                               "model-00002-of-00003.safetensors", "model-00003-of-00003.safetensors"};
@@ -143,7 +141,7 @@ int main(void) {
     for (size_t i = 0; i < sizeof FILES / sizeof *FILES; i++) { snprintf(path, sizeof path, "%s/%s", dir, FILES[i]); unlink(path); }
     unlink(json_path);
     rmdir(dir);
-    if (failures) { printf("%d failures\n", failures); return 1; }
+    if (check_failures) { printf("%d failures\n", check_failures); return 1; }
     printf("verify: chunked digests and chunk-boundary elements right (%d boundaries, %d straddling)\n", poked, straddling);
     return 0;
 }

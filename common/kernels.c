@@ -113,7 +113,8 @@ int simd_level_parse(const char *s, simd_level *out) {
 
 /* ---- drivers: threads split rows; each (row, token) is one dot of the fixed partition ----
  * From K3_GEMM_MIN_TOK tokens on, at the AVX2 and AVX-512 levels, the multi-token
- * kernels (kernels_gemm_avx2.c) do tiles of K3_GEMM_NR rows x all tokens.
+ * kernels (kernels_gemm_avx2.c, kernels_gemm_avx512.c) do tiles of K3_GEMM_NR rows x
+ * all tokens.
  * Rows go in blocks of K3_ROWBLOCK; for a level with row-block kernels a full block
  * is computed by them (same bits as the single-row dot, checked by the unit test),
  * two tokens at a time where a _x2 kernel exists; otherwise, and for a partial last
@@ -126,14 +127,14 @@ typedef struct {
     k3_rows_f32_fn f32;
     k3_rows_bf16_fn bf16, bf16_x2;
     k3_rows_mxfp4_fn mxfp4, mxfp4_x2;
-    int gemm; /* the AVX2 + FMA multi-token kernels may be used (K3_GEMM_MIN_TOK+ tokens) */
+    int gemm; /* the multi-token kernels may be used (K3_GEMM_MIN_TOK+ tokens): 1 AVX2 + FMA, 2 AVX-512 */
 } rowblock_fns;
 
 static rowblock_fns rowblock_for(const kernels *k) {
     rowblock_fns b = {NULL, NULL, NULL, NULL, NULL, 0};
 #ifdef K3_HAVE_X86_KERNELS
     /* every CPU with the AVX2 or AVX-512 level has AVX2 + FMA (cpu_has) */
-    b.gemm = k->dot_bf16 == k3_dot_bf16_avx2 || k->dot_bf16 == k3_dot_bf16_avx512;
+    b.gemm = k->dot_bf16 == k3_dot_bf16_avx512 ? 2 : k->dot_bf16 == k3_dot_bf16_avx2 ? 1 : 0;
     if (k->dot_f32 == k3_dot_f32_avx512) b.f32 = k3_rows_f32_avx512;
     if (k->dot_bf16 == k3_dot_bf16_avx512) {
         b.bf16 = k3_rows_bf16_avx512;
@@ -173,8 +174,8 @@ void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_
 #pragma omp parallel for schedule(static)
         for (size_t ti = 0; ti < ntile; ti++) {
             const size_t r0 = ti * K3_GEMM_NR, nr = rows - r0 < K3_GEMM_NR ? rows - r0 : K3_GEMM_NR;
-            if (W->dtype == DTYPE_F32) k3_gemm_f32_avx2(W->data, rows, cols, r0, nr, x, ntok, y);
-            else k3_gemm_bf16_avx2(W->data, rows, cols, r0, nr, x, ntok, y);
+            if (W->dtype == DTYPE_F32) (rb.gemm == 2 ? k3_gemm_f32_avx512 : k3_gemm_f32_avx2)(W->data, rows, cols, r0, nr, x, ntok, y);
+            else (rb.gemm == 2 ? k3_gemm_bf16_avx512 : k3_gemm_bf16_avx2)(W->data, rows, cols, r0, nr, x, ntok, y);
         }
         return;
     }
@@ -236,7 +237,7 @@ void matmul_mxfp4(const kernels *k, const mxfp4_weight *W, const float *x, size_
 #pragma omp parallel for schedule(static)
         for (size_t ti = 0; ti < ntile; ti++) {
             const size_t r0 = ti * K3_GEMM_NR, nr = rows - r0 < K3_GEMM_NR ? rows - r0 : K3_GEMM_NR;
-            k3_gemm_mxfp4_avx2(W->packed, W->scales, rows, cols, r0, nr, x, ntok, y);
+            (rb.gemm == 2 ? k3_gemm_mxfp4_avx512 : k3_gemm_mxfp4_avx2)(W->packed, W->scales, rows, cols, r0, nr, x, ntok, y);
         }
         return;
     }

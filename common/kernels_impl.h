@@ -42,7 +42,8 @@ void k3_rows_mxfp4_x2_avx512(const uint8_t *packed, const uint8_t *scales, const
 
 /* Multi-token kernels (kernels_gemm_avx2.c, AVX2 + FMA): y[t*rows + r0 + r] for
  * r < nr <= K3_GEMM_NR and t < ntok, each the bits of the single-row dot. Used by
- * the drivers for ntok >= K3_GEMM_MIN_TOK at the AVX2 and AVX-512 levels. */
+ * the drivers for ntok >= K3_GEMM_MIN_TOK at the AVX2 level (the _avx512 ones at
+ * the AVX-512 level). */
 #ifndef K3_GEMM_NR
 #define K3_GEMM_NR 24
 #endif
@@ -53,6 +54,13 @@ void k3_gemm_bf16_avx2(const uint16_t *w, size_t rows, size_t cols, size_t r0, s
                        size_t ntok, float *y);
 void k3_gemm_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, size_t rows, size_t cols, size_t r0, size_t nr,
                         const float *x, size_t ntok, float *y);
+/* The same for the AVX-512 level (kernels_gemm_avx512.c: the 8 lanes in one register). */
+void k3_gemm_f32_avx512(const float *w, size_t rows, size_t cols, size_t r0, size_t nr, const float *x, size_t ntok,
+                        float *y);
+void k3_gemm_bf16_avx512(const uint16_t *w, size_t rows, size_t cols, size_t r0, size_t nr, const float *x,
+                         size_t ntok, float *y);
+void k3_gemm_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, size_t rows, size_t cols, size_t r0,
+                          size_t nr, const float *x, size_t ntok, float *y);
 #endif
 
 /* 2^(s-127) as a double, exact for every byte s (s = 0 gives 2^-127, a normal double). */

@@ -58,6 +58,7 @@ typedef struct {
     float *rows;         /* logits rows, positions first_pos.. */
     size_t first_pos, n_rows;
     double prefill_s, decode_s;
+    double prefill_cpu_s, decode_cpu_s; /* CPU seconds of all threads in the same spans */
     size_t prefill_ids;  /* positions this run's prefill step computed (after a state or snapshot) */
     size_t first_ids;    /* ids the prefill's step emitted (1; more with a speculative first step) */
     uint64_t spec_passes, spec_proposed, spec_accepted, spec_refeeds, spec_restores, decode_passes;
@@ -153,7 +154,7 @@ static int run(engine *en, const options *o, draft_source *draft, int spec_pp, c
     g.on_token_ctx = &tp;
     if (keep && gen_seq_watch_rows(&g, r->first_pos, (size_t)o->chunk, keep_row, &rk, err)) goto out;
     if (draft && gen_seq_speculate(&g, c, (size_t)o->draft_max, spec_pp, err)) goto out;
-    double t0 = k3_now_s();
+    double t0 = k3_now_s(), c0 = proc_cpu_s();
     uint64_t passes0 = en->passes;
     size_t pos0 = 0; /* positions already in the state when the prefill starts */
     if (ps->ld) { /* continue the loaded state; the ids after its history are fed on top */
@@ -178,10 +179,12 @@ static int run(engine *en, const options *o, draft_source *draft, int spec_pp, c
     if (N == 0) {
         if (gen_feed(en, &g, (size_t)o->chunk, err)) goto out;
         r->prefill_s = k3_now_s() - t0;
+        r->prefill_cpu_s = proc_cpu_s() - c0;
         r->prefill_ids = g.st.pos - pos0;
     }
     const char *kill_after = getenv("K3_TEST_KILL_AFTER_CHECKPOINT"); /* tests: SIGKILL mid-run */
     size_t every = o->checkpoint ? (size_t)o->checkpoint_every : 0;
+    double ckpt_cpu = 0;
     for (size_t i = i0; i < N;) {
         gen_event ev[64];
         size_t nev = 1;
@@ -193,8 +196,10 @@ static int run(engine *en, const options *o, draft_source *draft, int spec_pp, c
         int first = i == i0;
         if (first) {
             r->prefill_s = k3_now_s() - t0;
+            r->prefill_cpu_s = proc_cpu_s() - c0;
             r->prefill_ids = g.st.pos > pos0 ? g.st.pos - pos0 : 0;
             t0 = k3_now_s();
+            c0 = proc_cpu_s();
             passes0 = en->passes;
         }
         size_t before = i;
@@ -207,9 +212,10 @@ static int run(engine *en, const options *o, draft_source *draft, int spec_pp, c
         if (first) r->first_ids = i - before;
         if (stop) break;
         if (every && i / every > before / every && i < N) { /* every --checkpoint-every generated ids */
-            double tc = k3_now_s();
+            double tc = k3_now_s(), cc = proc_cpu_s();
             if (save_run(o->checkpoint, ps, c, &g, o, n, N, err)) goto out;
             r->ckpt_s += k3_now_s() - tc;
+            ckpt_cpu += proc_cpu_s() - cc;
             r->n_ckpt++;
             if (kill_after && (size_t)atol(kill_after) == r->n_ckpt) raise(SIGKILL);
         }
@@ -221,9 +227,10 @@ static int run(engine *en, const options *o, draft_source *draft, int spec_pp, c
     r->spec_refeeds = g.spec_refeeds;
     r->spec_restores = g.spec_restores;
     if (o->checkpoint) { /* the finished run: a --resume of it reports it whole */
-        double tc = k3_now_s();
+        double tc = k3_now_s(), cc = proc_cpu_s();
         if (save_run(o->checkpoint, ps, c, &g, o, n, N, err)) goto out;
         r->ckpt_s += k3_now_s() - tc;
+        ckpt_cpu += proc_cpu_s() - cc;
         r->n_ckpt++;
     }
     if (o->save_state && save_run(o->save_state, ps, c, &g, o, n, N, err)) goto out;
@@ -238,6 +245,7 @@ static int run(engine *en, const options *o, draft_source *draft, int spec_pp, c
     if (tp.tty && N && !stream_tok) fprintf(stderr, "\n");
     if (N > 0 && r->n_gen < N) r->n_rows = n + r->n_gen - 1 - r->first_pos; /* stopped early: rows computed */
     if (N > 0) r->decode_s = k3_now_s() - t0 - r->ckpt_s;
+    if (N > 0) r->decode_cpu_s = proc_cpu_s() - c0 - ckpt_cpu;
     if (r->n_ckpt)
         fprintf(stderr, "k3: %zu checkpoint%s to %s, %.2f ms each (%.2f ms per generated token)\n", r->n_ckpt,
                 r->n_ckpt == 1 ? "" : "s", o->checkpoint, 1e3 * r->ckpt_s / (double)r->n_ckpt,
@@ -290,6 +298,7 @@ typedef struct {
     double load_model_s;          /* model_load: config.json, the index, the shards' headers */
     double load_trunk_s;          /* trunk_create: the pinned units' reads */
     double load_experts_s;        /* the expert backend's start and engine_init */
+    double load_cpu_s;            /* CPU seconds of all threads in those spans */
     int threads, n_workers, mpi;
     const expert_backend *eb;
     const tokenizer *tok;
@@ -415,11 +424,14 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         json_object_set_new(tm, "load_model_s", json_real(ri->load_model_s));
         json_object_set_new(tm, "load_trunk_s", json_real(ri->load_trunk_s));
         json_object_set_new(tm, "load_experts_s", json_real(ri->load_experts_s));
+        json_object_set_new(tm, "load_cpu_s", json_real(ri->load_cpu_s));
         json_object_set_new(tm, "prefill_s", json_real(r->prefill_s));
         json_object_set_new(tm, "prefill_tokens", json_integer((json_int_t)r->prefill_ids));
         json_object_set_new(tm, "prefill_tokens_per_s",
                             json_real(r->prefill_s > 0 ? (double)r->prefill_ids / r->prefill_s : 0));
+        json_object_set_new(tm, "prefill_cpu_s", json_real(r->prefill_cpu_s));
         json_object_set_new(tm, "decode_s", json_real(r->decode_s));
+        json_object_set_new(tm, "decode_cpu_s", json_real(r->decode_cpu_s));
         if (r->n_ckpt) {
             json_object_set_new(tm, "checkpoint_s", json_real(r->ckpt_s));
             json_object_set_new(tm, "checkpoints", json_integer((json_int_t)r->n_ckpt));
@@ -702,7 +714,7 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     int sources = o.ids_arg || o.prompt || o.prompt_file;
     int status = (o.chat || o.serve || !sources) ? EXIT_OK : prompt_ids(&o, tok, &prompt, &n);
     if (status != EXIT_OK) { free(prompt); tokenizer_free(tok); return status; }
-    double t0 = k3_now_s();
+    double t0 = k3_now_s(), c0 = proc_cpu_s();
     k3_model m;
     k3_error err = {0};
     if (model_load(o.model_dir, &m, &err)) {
@@ -712,6 +724,7 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
         return EXIT_USAGE;
     }
     ri.load_model_s = k3_now_s() - t0;
+    ri.load_cpu_s = proc_cpu_s() - c0;
     status = EXIT_USAGE;
     expert_backend eb = {0};
     engine en = {0};
@@ -840,6 +853,7 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     status = EXIT_RUNTIME;
     trunk_config tc = {plan.n_pinned, plan.n_slots, plan.lm_chunk_rows};
     t0 = k3_now_s();
+    c0 = proc_cpu_s();
     if (!(tr = trunk_create_placed(&m, &tc, numa_place_rows, &np, &err))) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
     ri.load_trunk_s = k3_now_s() - t0;
     t0 = k3_now_s();
@@ -864,6 +878,7 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     ri.draft = &draft;
     ri.load_experts_s = k3_now_s() - t0;
     ri.load_s = ri.load_model_s + ri.load_trunk_s + ri.load_experts_s;
+    ri.load_cpu_s += proc_cpu_s() - c0;
     if ((o.state_dir || o.chat) && !o.serve) { /* prefix snapshots: in memory within the plan, on disk with --state-dir (--serve opens its own) */
         snap_options so = {.cfg = &m.cfg, .fp = &fp, .mem_cap = o.chat ? plan.snapshot_bytes : 0, .dir = o.state_dir,
                            .disk_cap = (uint64_t)(o.state_dir_mb * 1048576.0), .max_positions = ctx, .log = stderr};

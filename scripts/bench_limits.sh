@@ -2,7 +2,8 @@
 # scripts/bench_limits.sh - the engine against this machine's ceilings, in one run
 # (`make bench-limits`). Prints a markdown report on stdout (progress on stderr):
 #   ceilings   read bandwidth (all threads, 1..8 independent streams per thread),
-#              double FMA peak (12 independent FMA chains per thread), both measured
+#              double FMA peak (12 independent FMA chains per thread, AVX-512 when the
+#              CPU has it, else AVX2), both measured
 #              before and after the engine runs (the higher value is the ceiling);
 #              device O_DIRECT sequential read rate (fio, QD 32, 4 MiB, on a shard);
 #   engine     on the real-width model (K3 widths, `make bench-model`): resident decode
@@ -128,6 +129,12 @@ def s_per_tok(j):
     t = j["timing"]
     return t["decode_s"] / t["decode_tokens"] if t["decode_tokens"] else float("nan")
 
+def cpu_per_tok(j, threads):
+    """CPU seconds of all threads per decode token over the thread count: the s/token the run
+    would take with its cores to itself (older k3 without decode_cpu_s: nan)"""
+    t = j["timing"]
+    return t["decode_cpu_s"] / t["decode_tokens"] / threads if t.get("decode_cpu_s") and t["decode_tokens"] else float("nan")
+
 def roofline(threads):
     return dec_bytes / (cl[("read_bw_gbs", threads)] * 1e9) + 2 * expert_macs / (cl[("fma_peak_gflops", threads)] * 1e9)
 
@@ -156,6 +163,10 @@ for who in ["new"] + (["base"] if base_k3 else []):
         rf = roofline(th)
         rows.append((label, f"resident decode, {th} thread(s), s/token", f"{s:.3f}",
                      f"roofline {rf:.3f} s", f"{100 * rf / s:.0f} %", " ".join(map(str, j["generated_ids"]))))
+        cs = cpu_per_tok(j, th)
+        if cs == cs:
+            rows.append((label, f"resident decode, {th} thread(s), CPU s/token / threads (the CPU share the host gave: {100 * cs / s:.0f} %)",
+                         f"{cs:.3f}", f"roofline {rf:.3f} s", f"{100 * rf / cs:.0f} %", ""))
         if th == nt:
             t = j["timing"]
             pb = j["memory"]["trunk_pinned_bytes"]
@@ -169,6 +180,12 @@ for who in ["new"] + (["base"] if base_k3 else []):
         g = pre_flop / extra / 1e9 if extra > 0 else float("nan")
         rows.append((label, f"prefill, s per prompt token (72 vs 8 ids), {nt} threads", f"{extra:.3f}",
                      f"{g:.1f} GFLOP/s vs peak {cl[('fma_peak_gflops', nt)]:.1f}", f"{100 * g / cl[('fma_peak_gflops', nt)]:.0f} %", ""))
+        c72, c8 = j72["timing"].get("prefill_cpu_s"), j8["timing"].get("prefill_cpu_s")
+        if c72 and c8:
+            xc = (c72 - c8) / 64 / nt
+            gc = pre_flop / xc / 1e9 if xc > 0 else float("nan")
+            rows.append((label, f"prefill, CPU s per prompt token / threads (72 vs 8 ids), {nt} threads", f"{xc:.3f}",
+                         f"{gc:.1f} GFLOP/s vs peak {cl[('fma_peak_gflops', nt)]:.1f}", f"{100 * gc / cl[('fma_peak_gflops', nt)]:.0f} %", ""))
     js = load(f"{who}-stream")
     if js:
         s = s_per_tok(js)

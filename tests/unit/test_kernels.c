@@ -270,14 +270,16 @@ static void test_threads(tstate *ts) {
 }
 
 /* Prefill-sized batches: row counts across the multi-token kernels' row tiles (24)
- * and micro-kernels (3), token counts across their token blocks (16) and micro-kernels
- * (4), column counts across their column blocks (128) with tails: every (row, token)
+ * and micro-kernels (3; AVX-512: 4), token counts across their token blocks (16;
+ * AVX-512: 24) and micro-kernels (4; AVX-512: 6), column counts across their column blocks (128) with tails: every (row, token)
  * of a batch == a single-token scalar call. */
 static void test_batches(tstate *ts) {
     static const size_t shapes[][3] = {/* rows, cols, ntok */
                                        {1, 8, 4},     {2, 9, 5},      {25, 128, 6},  {47, 129, 7},
                                        {50, 300, 16}, {49, 256, 17},  {97, 1000, 33}, {24, 7175, 19},
-                                       {73, 64, 40},  {5, 3584, 64},  {26, 160, 23}, {3, 3072, 12}};
+                                       {73, 64, 40},  {5, 3584, 64},  {26, 160, 23}, {3, 3072, 12},
+                                       /* the AVX-512 blocking: 4-row x 6-token micro-kernels, 24-token blocks */
+                                       {30, 200, 25}, {23, 136, 48},  {7, 520, 53},  {48, 264, 11}};
     uint64_t seed = 5;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const size_t rows = shapes[si][0], ntok = shapes[si][2];

@@ -13,7 +13,8 @@
 
 typedef struct {
     char model_dir[4096];
-    int worker, n_workers;     /* ownership: expert_owner(layer, expert, n_workers) == worker */
+    int worker, n_workers;     /* ownership: expert_owner_in(layer, expert, group, n_groups, n_workers) == worker */
+    int group, n_groups;       /* the expert rank this server is behind (0 of 1 without --mpi) */
     uint64_t cache_bytes;
     int threads, node;         /* node -1: no NUMA binding */
     uint32_t n_slots;
@@ -65,6 +66,16 @@ int wire_decode_response(const void *buf, size_t len, wire_response *r, k3_error
  * and rotates by layer so one expert index does not always land on one worker. */
 static inline int expert_owner(int layer, int expert, int n_workers) {
     return (int)(((unsigned)expert + (unsigned)layer) % (unsigned)n_workers);
+}
+
+/* Two levels (`--mpi --workers N`): expert rank `group` of n_groups owns the experts with
+ * expert_owner(layer, expert, n_groups) == group and spreads them over its n_workers local
+ * servers; the server of (layer, expert), or -1 when the group does not own it. With one
+ * group it is expert_owner. Consecutive experts of a group go to consecutive servers. */
+static inline int expert_owner_in(int layer, int expert, int group, int n_groups, int n_workers) {
+    unsigned v = (unsigned)expert + (unsigned)layer;
+    if ((int)(v % (unsigned)n_groups) != group) return -1;
+    return (int)((v / (unsigned)n_groups) % (unsigned)n_workers);
 }
 
 #endif

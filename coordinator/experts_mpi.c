@@ -1,7 +1,9 @@
 /* experts_mpi.c - expert ranks over Open MPI (see experts_mpi.h). */
 #define _GNU_SOURCE
 #include "coordinator/experts_mpi.h"
+#include "coordinator/workers_pool.h"
 #include "common/file_read.h"
+#include "common/topology.h"
 #include "common/hash64.h"
 #include "common/layer_schema.h"
 #include "common/wire.h"
@@ -13,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -35,6 +38,7 @@ typedef struct {
 typedef struct {
     char host[HOST_MAX];
     uint64_t config_hash, index_hash;
+    int32_t servers;        /* local servers behind the rank */
     uint32_t n_shards;
     shard_id shard[]; /* n_shards */
 } hello_msg;
@@ -43,6 +47,25 @@ static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Polling with sleeps (experts_mpi.h "Waiting"): 5 us, doubling to 200 us while idle. */
+typedef struct {
+    long ns;
+    int spin;
+} idle_wait;
+
+static void idle_init(idle_wait *w) {
+    const char *e = getenv("K3_MPI_POLL");
+    w->spin = e && !strcmp(e, "spin");
+    w->ns = 5000;
+}
+static void idle_reset(idle_wait *w) { w->ns = 5000; }
+static void idle_sleep(idle_wait *w) {
+    if (w->spin) return;
+    struct timespec ts = {0, w->ns};
+    nanosleep(&ts, NULL);
+    if (w->ns < 200000) w->ns = w->ns * 2 > 200000 ? 200000 : w->ns * 2;
 }
 
 static uint64_t file_hash(const char *dir, const char *name) {
@@ -105,6 +128,7 @@ int experts_mpi_init(int *argc, char ***argv, int *rank, int *size, k3_error *er
     MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
     MPI_Comm_rank(MPI_COMM_WORLD, rank);
     MPI_Comm_size(MPI_COMM_WORLD, size);
+    prctl(PR_SET_TIMERSLACK, 10000UL, 0, 0, 0); /* the poll sleeps are short: do not stretch them by 50 us */
     if (provided < MPI_THREAD_SERIALIZED) return k3_fail(err, "this MPI gives no MPI_THREAD_SERIALIZED support");
     if (*size < 2) return k3_fail(err, "--mpi needs at least 2 ranks (rank 0 coordinates, the others serve experts)");
     return 0;
@@ -138,12 +162,57 @@ static int rank_keep(const char *name, void *ctx) {
     return ls_expert_name_parse(name, &layer, &expert) && rank_owns(layer, expert, ctx);
 }
 
-/* a cache that holds every expert this rank owns (the default, as for local servers) */
+/* the cache of one in-rank server: every expert it owns (the default, as for local servers) */
 static uint64_t owned_bytes(const expert_store *st, const k3_config *cfg) {
     uint64_t n = 0;
     for (int l = 0; l < cfg->num_hidden_layers; l++)
         for (int e = 0; e < cfg->num_experts; e++) n += expert_store_loc(st, l, e) != NULL;
     return (n ? n : 1) * expert_cache_slot_bytes(st);
+}
+
+/* the same for the largest of the rank's local servers */
+static uint64_t owned_bytes_per_server(const expert_store *st, const k3_config *cfg, const owner_ctx *own, int nw) {
+    uint64_t most = 1;
+    for (int w = 0; w < nw; w++) {
+        uint64_t n = 0;
+        for (int l = 0; l < cfg->num_hidden_layers; l++)
+            for (int e = 0; e < cfg->num_experts; e++)
+                n += expert_store_loc(st, l, e) && expert_owner_in(l, e, own->me, own->n, nw) == w;
+        if (n > most) most = n;
+    }
+    return most * expert_cache_slot_bytes(st);
+}
+
+/* Expert rank with --workers N: N k3-expertd servers behind it, placed on this host's nodes. */
+static int start_local_servers(const mpi_options *o, const k3_config *cfg, const expert_store *st, const owner_ctx *own,
+                               expert_backend *pool, k3_error *err) {
+    if (workers_pool_check_group(cfg, own->me, own->n, o->workers, err)) return -1;
+    k3_topology topo = {0};
+    placement pl = {0};
+    placement_request rq = {o->workers, o->workers_per_node > 0 ? o->workers_per_node : 1, 1, o->threads, o->numa};
+    if (topology_read(NULL, &topo, err) || placement_make(&topo, &rq, &pl, err)) { topology_free(&topo); return -1; }
+    char path[4096];
+    int rc = -1;
+    if (workers_pool_default_path(path, sizeof path)) k3_fail(err, "cannot locate k3-expertd");
+    else {
+        pool_options po = {0};
+        po.n_workers = o->workers;
+        po.place = &pl;
+        po.threads = o->threads > 0 ? o->threads : 1;
+        po.cache_bytes = o->cache_bytes ? o->cache_bytes : owned_bytes_per_server(st, cfg, own, o->workers);
+        po.timeout_ms = o->timeout_ms > 0 ? o->timeout_ms / 4 : 7500; /* a local restart fits in rank 0's timeout */
+        po.max_restarts = o->max_restarts;
+        po.max_tokens = o->max_tokens ? o->max_tokens : 1;
+        po.expertd_path = path;
+        po.simd = o->simd ? o->simd : "auto";
+        po.policy = o->policy ? o->policy : cache_policy_name(CACHE_POLICY_DEFAULT);
+        po.group = own->me;
+        po.n_groups = own->n;
+        rc = workers_pool_create(pool, cfg, o->model_dir, &po, err);
+    }
+    placement_free(&pl);
+    topology_free(&topo);
+    return rc;
 }
 
 int experts_mpi_serve(const mpi_options *o) {
@@ -155,8 +224,9 @@ int experts_mpi_serve(const mpi_options *o) {
     checkpoint ck;
     expert_store store;
     expert_cache *cache = NULL;
+    expert_backend pool = {0};
     k3_error err = {0};
-    int opened = 0;
+    int opened = 0, stored = 0;
     char host[HOST_MAX] = {0};
     gethostname(host, HOST_MAX - 1);
     if (o->threads > 0) omp_set_num_threads(o->threads);
@@ -169,14 +239,14 @@ int experts_mpi_serve(const mpi_options *o) {
     } else if (expert_store_open(&store, &ck, &cfg, rank_owns, &own, &err)) {
         checkpoint_close(&ck);
         config_free(&cfg);
-    } else if (!(cache = expert_cache_create(&store, &ck, o->cache_bytes ? o->cache_bytes : owned_bytes(&store, &cfg), -1, &err))) {
-        expert_store_free(&store);
-        checkpoint_close(&ck);
-        config_free(&cfg);
     } else {
-        opened = 1;
+        stored = 1;
+        if (o->workers > 0 ? start_local_servers(o, &cfg, &store, &own, &pool, &err) == 0
+                           : (cache = expert_cache_create(&store, &ck, o->cache_bytes ? o->cache_bytes : owned_bytes(&store, &cfg),
+                                                          -1, &err)) != NULL)
+            opened = 1;
         cache_policy pol;
-        if (o->policy && cache_policy_parse(o->policy, &pol) == 0) expert_cache_set_policy(cache, pol);
+        if (cache && o->policy && cache_policy_parse(o->policy, &pol) == 0) expert_cache_set_policy(cache, pol);
     }
     /* hello: identity of what this host opened, or the reason it could not */
     size_t hb = 0;
@@ -186,6 +256,7 @@ int experts_mpi_serve(const mpi_options *o) {
         snprintf(msg, sizeof msg, "host %s: %s", host, err.set ? err.msg : "out of memory");
         MPI_Send(msg, (int)strlen(msg) + 1, MPI_BYTE, 0, TAG_ERR, MPI_COMM_WORLD);
     } else {
+        h->servers = o->workers > 0 ? o->workers : 0;
         MPI_Send(h, (int)hb, MPI_BYTE, 0, TAG_HELLO, MPI_COMM_WORLD);
     }
     free(h);
@@ -194,14 +265,23 @@ int experts_mpi_serve(const mpi_options *o) {
     int status = 0;
     size_t L = opened ? (size_t)cfg.routed_expert_hidden_size : 0, K = opened ? (size_t)cfg.num_experts_per_token : 0;
     size_t max_tok = o->max_tokens ? o->max_tokens : 1, max_pairs = max_tok * (K ? K : 1);
-    size_t req_cap = sizeof(req_head) + max_tok * L * 4 + max_pairs * 8, resp_cap = max_pairs * L * 4 + 1;
+    size_t req_cap = sizeof(req_head) + max_tok * L * 4 + max_pairs * 8, resp_cap = max_pairs * L * 4 + sizeof(double);
     uint8_t *req = verdict == 1 && opened ? malloc(req_cap) : NULL;
-    float *resp = req ? malloc(resp_cap) : NULL;
+    uint8_t *resp = req ? malloc(resp_cap) : NULL;
     int32_t *pt = req ? malloc(max_pairs * sizeof *pt) : NULL, *pe = req ? malloc(max_pairs * sizeof *pe) : NULL;
     if (verdict == 1 && opened && (!req || !resp || !pt || !pe)) { fprintf(stderr, "k3 rank %d: out of memory\n", rank); status = 1; }
+    idle_wait iw;
+    idle_init(&iw);
     while (verdict == 1 && status == 0) {
         MPI_Status st;
-        if (MPI_Probe(0, MPI_ANY_TAG, MPI_COMM_WORLD, &st) != MPI_SUCCESS) { status = 1; break; }
+        if (iw.spin) {
+            if (MPI_Probe(0, MPI_ANY_TAG, MPI_COMM_WORLD, &st) != MPI_SUCCESS) { status = 1; break; }
+        } else {
+            int flag = 0;
+            if (MPI_Iprobe(0, MPI_ANY_TAG, MPI_COMM_WORLD, &flag, &st) != MPI_SUCCESS) { status = 1; break; }
+            if (!flag) { idle_sleep(&iw); continue; }
+            idle_reset(&iw);
+        }
         int count = 0;
         MPI_Get_count(&st, MPI_BYTE, &count);
         if (st.MPI_TAG == TAG_STOP) {
@@ -234,10 +314,19 @@ int experts_mpi_serve(const mpi_options *o) {
         }
         k3_error e = {0};
         if (!bad) {
-            expert_source src = expert_cache_source(cache);
-            if (expert_batch_run(k, &src, store.L, store.I, cfg.situ_beta, cfg.situ_linear_beta, hd.layer, z, hd.ntok,
-                                 pt, pe, hd.npairs, resp, &e) == 0) {
-                MPI_Send(resp, (int)((size_t)hd.npairs * L * 4), MPI_BYTE, 0, TAG_RESP, MPI_COMM_WORLD);
+            double t0 = now_s();
+            int rc;
+            if (pool.run) rc = pool.run(&pool, hd.layer, z, hd.ntok, pt, pe, hd.npairs, (float *)resp, &e);
+            else {
+                expert_source src = expert_cache_source(cache);
+                rc = expert_batch_run(k, &src, store.L, store.I, cfg.situ_beta, cfg.situ_linear_beta, hd.layer, z, hd.ntok, pt,
+                                      pe, hd.npairs, (float *)resp, &e);
+            }
+            if (rc == 0) {
+                size_t nb = (size_t)hd.npairs * L * 4;
+                double dt = now_s() - t0;
+                memcpy(resp + nb, &dt, sizeof dt);
+                MPI_Send(resp, (int)(nb + sizeof dt), MPI_BYTE, 0, TAG_RESP, MPI_COMM_WORLD);
                 continue;
             }
         }
@@ -250,7 +339,8 @@ int experts_mpi_serve(const mpi_options *o) {
     free(resp);
     free(pt);
     free(pe);
-    if (opened) {
+    if (pool.destroy) pool.destroy(&pool);
+    if (stored) {
         expert_cache_free(cache);
         expert_store_free(&store);
         checkpoint_close(&ck);
@@ -271,7 +361,8 @@ typedef struct {
     int32_t **idx;              /* [n] pair index in the caller's order */
     int32_t *tokmap;            /* [max_tok] */
     MPI_Request *sreq, *rreq;
-    mpi_rank_stats *stats;      /* [n] */
+    mpi_rank_stats *stats, *mark;  /* [n]: totals, and the totals at experts_mpi_mark */
+    mpi_exchange_stats x, xmark;
 } mpi_impl;
 
 static void mpi_destroy(expert_backend *b) {
@@ -282,7 +373,7 @@ static void mpi_destroy(expert_backend *b) {
         if (mi->resp) free(mi->resp[r]);
         if (mi->idx) free(mi->idx[r]);
     }
-    free(mi->req); free(mi->resp); free(mi->idx); free(mi->tokmap); free(mi->sreq); free(mi->rreq); free(mi->stats);
+    free(mi->req); free(mi->resp); free(mi->idx); free(mi->tokmap); free(mi->sreq); free(mi->rreq); free(mi->stats); free(mi->mark);
     free(mi);
     b->impl = NULL;
 }
@@ -293,6 +384,7 @@ static int mpi_run(expert_backend *b, int layer, const float *zlat, size_t ntok,
     size_t L = mi->L;
     if (ntok > mi->max_tok || npairs > mi->max_tok * mi->K)
         return k3_fail(err, "an expert request of %zu tokens / %zu pairs is larger than planned", ntok, npairs);
+    double t0 = now_s();
     size_t np[256] = {0};
     int active = 0;
     for (int r = 0; r < mi->n; r++) {
@@ -330,10 +422,13 @@ static int mpi_run(expert_backend *b, int layer, const float *zlat, size_t ntok,
         mi->stats[r].bytes_sent += bytes;
         active++;
     }
-    double t0 = now_s(), deadline = t0 + mi->timeout_ms / 1000.0;
+    double deadline = now_s() + mi->timeout_ms / 1000.0, slowest = 0;
     int done_all = 0;
+    idle_wait iw;
+    idle_init(&iw);
     while (!done_all) {
         done_all = 1;
+        int got = 0;
         for (int r = 0; r < mi->n; r++) {
             if (mi->rreq[r] == MPI_REQUEST_NULL && mi->sreq[r] == MPI_REQUEST_NULL) continue;
             int flag = 0;
@@ -344,15 +439,23 @@ static int mpi_run(expert_backend *b, int layer, const float *zlat, size_t ntok,
             if (MPI_Test(&mi->rreq[r], &flag, &st) != MPI_SUCCESS)
                 return k3_fail(err, "MPI receive from expert rank %d (%s) failed", r + 1, mi->stats[r].host);
             if (!flag) { done_all = 0; continue; }
+            got = 1;
             int count = 0;
             MPI_Get_count(&st, MPI_BYTE, &count);
             if (st.MPI_TAG == TAG_ERR) {
                 ((char *)mi->resp[r])[count > 0 ? count - 1 : 0] = 0;
                 return k3_fail(err, "%s", (char *)mi->resp[r]);
             }
-            if (st.MPI_TAG != TAG_RESP || (size_t)count != np[r] * L * 4)
+            size_t want = np[r] * L * 4;
+            if (st.MPI_TAG != TAG_RESP || (size_t)count != want + sizeof(double))
                 return k3_fail(err, "expert rank %d (%s) answered %d bytes, expected %zu", r + 1, mi->stats[r].host, count,
-                                np[r] * L * 4);
+                               want + sizeof(double));
+            double dt;
+            memcpy(&dt, (const uint8_t *)mi->resp[r] + want, sizeof dt);
+            if (!(dt >= 0 && dt < 1e6)) dt = 0; /* a statistic only: never trusted beyond that */
+            if (dt > slowest) slowest = dt;
+            mi->stats[r].compute_s += dt;
+            mi->stats[r].wait_s += now_s() - t0;
             mi->stats[r].bytes_received += (uint64_t)count;
             for (size_t j = 0; j < np[r]; j++) memcpy(out + (size_t)mi->idx[r][j] * L, mi->resp[r] + j * L, L * 4);
         }
@@ -363,13 +466,16 @@ static int mpi_run(expert_backend *b, int layer, const float *zlat, size_t ntok,
                                    mi->stats[r].host, mi->timeout_ms);
         }
         if (!done_all) {
-            struct timespec ts = {0, 20000};
-            nanosleep(&ts, NULL);
+            if (got) idle_reset(&iw);
+            idle_sleep(&iw);
         }
     }
-    double w = now_s() - t0;
-    for (int r = 0; r < mi->n; r++) if (np[r]) mi->stats[r].wait_s += w;
-    (void)active;
+    if (active) {
+        double w = now_s() - t0;
+        mi->x.exchanges++;
+        mi->x.exchange_s += w;
+        mi->x.overhead_s += w > slowest ? w - slowest : 0;
+    }
     return 0;
 }
 
@@ -394,7 +500,9 @@ int experts_mpi_create(expert_backend *b, k3_model *m, const mpi_options *o, k3_
     mi->sreq = calloc(n, sizeof *mi->sreq);
     mi->rreq = calloc(n, sizeof *mi->rreq);
     mi->stats = calloc(n, sizeof *mi->stats);
-    if (!mi->req || !mi->resp || !mi->idx || !mi->tokmap || !mi->sreq || !mi->rreq || !mi->stats) return k3_fail(err, "out of memory");
+    mi->mark = calloc(n, sizeof *mi->mark);
+    if (!mi->req || !mi->resp || !mi->idx || !mi->tokmap || !mi->sreq || !mi->rreq || !mi->stats || !mi->mark)
+        return k3_fail(err, "out of memory");
     for (size_t r = 0; r < n; r++) {
         mi->req[r] = malloc(sizeof(req_head) + mi->max_tok * mi->L * 4 + maxp * 8);
         mi->resp[r] = malloc(maxp * mi->L * 4 + 1200);
@@ -426,6 +534,7 @@ int experts_mpi_create(expert_backend *b, k3_model *m, const mpi_options *o, k3_
         } else {
             h->host[HOST_MAX - 1] = 0;
             snprintf(mi->stats[r - 1].host, sizeof mi->stats[r - 1].host, "%s", h->host);
+            mi->stats[r - 1].servers = h->servers;
             const char *why = NULL;
             char whybuf[300];
             if (h->config_hash != mine->config_hash) why = "config.json differs";
@@ -457,14 +566,53 @@ int experts_mpi_create(expert_backend *b, k3_model *m, const mpi_options *o, k3_
     }
     if (bad) return -1;
     fprintf(stderr, "k3: %d expert ranks over MPI:", mi->n);
-    for (int r = 0; r < mi->n; r++) fprintf(stderr, " %d@%s", r + 1, mi->stats[r].host);
+    for (int r = 0; r < mi->n; r++) {
+        fprintf(stderr, " %d@%s", r + 1, mi->stats[r].host);
+        if (mi->stats[r].servers) fprintf(stderr, "(%d local servers)", mi->stats[r].servers);
+    }
     fprintf(stderr, "\n");
+    for (int r = 0; r < mi->n; r++) {
+        snprintf(mi->mark[r].host, sizeof mi->mark[r].host, "%s", mi->stats[r].host);
+        mi->mark[r].servers = mi->stats[r].servers;
+    }
     return 0;
 }
 
-int experts_mpi_stats(const expert_backend *b, int rank, mpi_rank_stats *s) {
+static int is_mpi(const expert_backend *b) { return b && b->run == mpi_run && b->impl; }
+
+int experts_mpi_ranks(const expert_backend *b) { return is_mpi(b) ? ((const mpi_impl *)b->impl)->n : 0; }
+
+void experts_mpi_mark(expert_backend *b) {
+    if (!is_mpi(b)) return;
+    mpi_impl *mi = b->impl;
+    memcpy(mi->mark, mi->stats, (size_t)mi->n * sizeof *mi->mark);
+    mi->xmark = mi->x;
+}
+
+int experts_mpi_stats(const expert_backend *b, int rank, int since_mark, mpi_rank_stats *s) {
+    if (!is_mpi(b)) return -1;
     const mpi_impl *mi = b->impl;
-    if (!mi || rank < 1 || rank > mi->n) return -1;
+    if (rank < 1 || rank > mi->n) return -1;
     *s = mi->stats[rank - 1];
+    if (since_mark) {
+        const mpi_rank_stats *m = &mi->mark[rank - 1];
+        s->requests -= m->requests;
+        s->bytes_sent -= m->bytes_sent;
+        s->bytes_received -= m->bytes_received;
+        s->wait_s -= m->wait_s;
+        s->compute_s -= m->compute_s;
+    }
+    return 0;
+}
+
+int experts_mpi_exchange(const expert_backend *b, int since_mark, mpi_exchange_stats *x) {
+    if (!is_mpi(b)) return -1;
+    const mpi_impl *mi = b->impl;
+    *x = mi->x;
+    if (since_mark) {
+        x->exchanges -= mi->xmark.exchanges;
+        x->exchange_s -= mi->xmark.exchange_s;
+        x->overhead_s -= mi->xmark.overhead_s;
+    }
     return 0;
 }

@@ -201,6 +201,7 @@ static int run(engine *en, const options *o, draft_source *draft, int spec_pp, c
             t0 = k3_now_s();
             c0 = proc_cpu_s();
             passes0 = en->passes;
+            experts_mpi_mark(en->experts); /* --mpi: the per-token counters cover the decode */
         }
         size_t before = i;
         int stop = 0;
@@ -283,6 +284,49 @@ static json_t *workers_json(const expert_backend *eb, int n_workers) {
         json_array_append_new(a, w);
     }
     return a;
+}
+
+/* --mpi: per expert rank, totals and per decode token (counted from experts_mpi_mark) */
+static json_t *mpi_json(const expert_backend *eb, size_t n_dec) {
+    json_t *j = json_object(), *a = json_array();
+    int n = experts_mpi_ranks(eb);
+    double per = n_dec ? 1.0 / (double)n_dec : 0;
+    uint64_t msgs = 0, bytes = 0;
+    for (int r = 1; r <= n; r++) {
+        mpi_rank_stats t, d;
+        experts_mpi_stats(eb, r, 0, &t);
+        experts_mpi_stats(eb, r, 1, &d);
+        json_t *w = json_object();
+        json_object_set_new(w, "rank", json_integer(r));
+        json_object_set_new(w, "host", json_string(t.host));
+        json_object_set_new(w, "local_servers", json_integer(t.servers));
+        json_object_set_new(w, "requests", json_integer((json_int_t)t.requests));
+        json_object_set_new(w, "bytes_sent", json_integer((json_int_t)t.bytes_sent));
+        json_object_set_new(w, "bytes_received", json_integer((json_int_t)t.bytes_received));
+        json_object_set_new(w, "wait_s", json_real(t.wait_s));
+        json_object_set_new(w, "compute_s", json_real(t.compute_s));
+        json_object_set_new(w, "decode_messages_per_token", json_real(2.0 * (double)d.requests * per));
+        json_object_set_new(w, "decode_bytes_per_token", json_real((double)(d.bytes_sent + d.bytes_received) * per));
+        json_object_set_new(w, "decode_compute_s_per_token", json_real(d.compute_s * per));
+        json_array_append_new(a, w);
+        msgs += 2 * d.requests;
+        bytes += d.bytes_sent + d.bytes_received;
+    }
+    mpi_exchange_stats x, xd;
+    experts_mpi_exchange(eb, 0, &x);
+    experts_mpi_exchange(eb, 1, &xd);
+    json_object_set_new(j, "expert_ranks", json_integer(n));
+    json_object_set_new(j, "exchanges", json_integer((json_int_t)x.exchanges));
+    json_object_set_new(j, "exchange_s", json_real(x.exchange_s));
+    json_object_set_new(j, "overhead_s", json_real(x.overhead_s));
+    json_object_set_new(j, "decode_tokens", json_integer((json_int_t)n_dec));
+    json_object_set_new(j, "decode_messages_per_token", json_real((double)msgs * per));
+    json_object_set_new(j, "decode_bytes_per_token", json_real((double)bytes * per));
+    json_object_set_new(j, "decode_exchanges_per_token", json_real((double)xd.exchanges * per));
+    json_object_set_new(j, "decode_exchange_s_per_token", json_real(xd.exchange_s * per));
+    json_object_set_new(j, "decode_overhead_s_per_token", json_real(xd.overhead_s * per));
+    json_object_set_new(j, "ranks", a);
+    return j;
 }
 
 /* --dump-expert-trace: one line per (position, MoE layer): "pos layer e1 ... ek" in top-k order. */
@@ -475,6 +519,7 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         json_object_set_new(j, "peak_rss_bytes", json_integer((json_int_t)ru.ru_maxrss * 1024));
         json_object_set_new(j, "n_workers", json_integer(ri->n_workers));
         if (ri->n_workers > 0) json_object_set_new(j, "workers", workers_json(ri->eb, ri->n_workers));
+        if (ri->mpi) json_object_set_new(j, "mpi", mpi_json(ri->eb, n_dec));
         json_object_set_new(j, "topology", numa_place_topology_json(ri->topo));
         json_object_set_new(j, "placement", placement_json(ri));
         json_object_set_new(j, "memory", memory_json(ri, ri->eb));
@@ -523,13 +568,20 @@ static int prompt_ids(const options *o, const tokenizer *tok, int32_t **ids, siz
     return EXIT_OK;
 }
 
+/* --mpi: the same options on every rank; --workers N (N > 0) gives every expert rank N local servers */
+static mpi_options mpi_opts(const options *o, const char *simd) {
+    mpi_options mo = {o->model_dir, (int)o->timeout_ms, o->cache_mb > 0 ? (uint64_t)(o->cache_mb * 1048576.0) : 0,
+                      o->cache_policy, simd, (int)o->worker_threads, (size_t)o->chunk,
+                      o->workers > 0 ? (int)o->workers : 0, (int)o->workers_per_node, o->numa, (int)o->max_restarts};
+    return mo;
+}
+
 static int start_backend(const options *o, k3_model *m, const kernels *k, int threads, int nw, uint64_t cache_bytes,
                          const placement *pl, expert_backend *eb, k3_error *err) {
     cache_policy pol = CACHE_POLICY_DEFAULT;
     if (o->cache_policy && cache_policy_parse(o->cache_policy, &pol)) return k3_fail(err, "unknown expert-cache policy");
     if (o->mpi) {
-        mpi_options mo = {o->model_dir, (int)o->timeout_ms, o->cache_mb > 0 ? (uint64_t)(o->cache_mb * 1048576.0) : 0,
-                          o->cache_policy, k->name, (int)o->worker_threads, (size_t)o->chunk};
+        mpi_options mo = mpi_opts(o, k->name);
         return experts_mpi_create(eb, m, &mo, err);
     }
     if (nw == 0) return experts_local_create(eb, m, k, cache_bytes, pol, err);
@@ -546,7 +598,7 @@ static int start_backend(const options *o, k3_model *m, const kernels *k, int th
     po.simd = k->name;
     po.cache_bytes = cache_bytes;
     po.policy = cache_policy_name(pol);
-    return workers_pool_create(eb, m, &po, err);
+    return workers_pool_create(eb, &m->cfg, m->ck.dir, &po, err);
 }
 
 /* engine.on_pass: every pass starts with the coordinator's threads on their nodes. */
@@ -681,9 +733,7 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
         if (*mpi_rank > 0) { /* an expert rank: serve until rank 0 is done */
             draft_close(&draft);
             if (o.threads) omp_set_num_threads((int)o.threads);
-            mpi_options mo = {o.model_dir, (int)o.timeout_ms, o.cache_mb > 0 ? (uint64_t)(o.cache_mb * 1048576.0) : 0,
-                              o.cache_policy, o.simd == SIMD_AUTO ? "auto" : o.simd == SIMD_SCALAR ? "scalar" : o.simd == SIMD_AVX2 ? "avx2" : "avx512",
-                              (int)o.worker_threads, (size_t)o.chunk};
+            mpi_options mo = mpi_opts(&o, o.simd == SIMD_AUTO ? "auto" : o.simd == SIMD_SCALAR ? "scalar" : o.simd == SIMD_AVX2 ? "avx2" : "avx512");
             return experts_mpi_serve(&mo);
         }
     }

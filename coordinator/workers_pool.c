@@ -52,7 +52,8 @@ typedef struct {
 } worker;
 
 typedef struct {
-    k3_model *m;
+    const k3_config *cfg;
+    char model_dir[4096];
     pool_options o;
     char path[4096];
     int n;
@@ -128,9 +129,11 @@ static int spawn(pool *p, worker *w, k3_error *err) {
     w->ctl_fd = sv[0];
     g_worker_pids[w->idx] = pid;
     wire_hello h = {0};
-    snprintf(h.model_dir, sizeof h.model_dir, "%s", p->m->ck.dir);
+    snprintf(h.model_dir, sizeof h.model_dir, "%s", p->model_dir);
     h.worker = w->idx;
     h.n_workers = p->n;
+    h.group = p->o.group;
+    h.n_groups = p->o.n_groups;
     h.cache_bytes = p->o.cache_bytes;
     h.threads = w->threads;
     h.node = w->node;
@@ -290,7 +293,9 @@ static int pool_run(expert_backend *b, int layer, const float *zlat, size_t ntok
         for (size_t t = 0; t < ntok; t++) w->tok_map[t] = -1;
     }
     for (size_t i = 0; i < npairs; i++) {
-        worker *w = &p->w[expert_owner(layer, pair_expert[i], p->n)];
+        int owner = expert_owner_in(layer, pair_expert[i], p->o.group, p->o.n_groups, p->n);
+        if (owner < 0) return k3_fail(err, "expert %d of layer %d is not served here", pair_expert[i], layer);
+        worker *w = &p->w[owner];
         int32_t t = pair_token[i];
         if (w->tok_map[t] < 0) {
             w->tok_map[t] = (int32_t)w->ntok;
@@ -376,18 +381,22 @@ void workers_pool_stats(const expert_backend *b, int i, worker_stats *out) {
     }
 }
 
-int workers_pool_create(expert_backend *b, k3_model *m, const pool_options *o, k3_error *err) {
+int workers_pool_create(expert_backend *b, const k3_config *cfg, const char *model_dir, const pool_options *o,
+                        k3_error *err) {
     if (o->n_workers < 1 || o->n_workers > MAX_POOL_WORKERS)
         return k3_fail(err, "--workers must be between 0 and %d", MAX_POOL_WORKERS);
+    if (o->n_groups > 0 && (o->group < 0 || o->group >= o->n_groups)) return k3_fail(err, "pool group %d of %d", o->group, o->n_groups);
     ring_cleanup_stale();
     pool *p = calloc(1, sizeof *p);
     if (!p) return k3_fail(err, "out of memory");
-    p->m = m;
+    p->cfg = cfg;
+    snprintf(p->model_dir, sizeof p->model_dir, "%s", model_dir);
     p->o = *o;
+    if (p->o.n_groups < 1) { p->o.n_groups = 1; p->o.group = 0; }
     p->n = o->n_workers;
     snprintf(p->path, sizeof p->path, "%s", o->expertd_path);
-    p->L = (size_t)m->cfg.routed_expert_hidden_size;
-    p->max_pairs = o->max_tokens * (size_t)m->cfg.num_experts_per_token;
+    p->L = (size_t)cfg->routed_expert_hidden_size;
+    p->max_pairs = o->max_tokens * (size_t)cfg->num_experts_per_token;
     p->hdr_cap = 256 + 12 * (uint64_t)p->max_pairs;
     p->req_cap = (uint64_t)o->max_tokens * p->L * sizeof(float);
     p->resp_cap = (uint64_t)p->max_pairs * p->L * sizeof(float);
@@ -444,11 +453,19 @@ int workers_pool_check(const k3_model *m, int n_workers, uint64_t cache_bytes, k
         return k3_fail(err, "--expert-cache-mb %.4f is below one expert (%llu bytes = %.4f MB): at least one expert must fit",
                        (double)cache_bytes / 1048576.0, (unsigned long long)sb, (double)sb / 1048576.0);
     if (n_workers <= c->num_experts) return 0; /* layer 0's experts alone reach every server */
+    return workers_pool_check_group(c, 0, 1, n_workers, err);
+}
+
+int workers_pool_check_group(const k3_config *c, int group, int n_groups, int n_workers, k3_error *err) {
     for (int w = 0; w < n_workers; w++) {
         int owns = 0;
         for (int l = 0; l < c->num_hidden_layers && !owns; l++)
             if (c->layer_is_moe[l])
-                for (int e = 0; e < c->num_experts && !owns; e++) owns = expert_owner(l, e, n_workers) == w;
+                for (int e = 0; e < c->num_experts && !owns; e++) owns = expert_owner_in(l, e, group, n_groups, n_workers) == w;
+        if (!owns && n_groups > 1)
+            return k3_fail(err, "--workers %d: server %d behind expert rank %d would own no expert (%d experts per layer "
+                           "spread over %d ranks x %d servers); use fewer", n_workers, w, group + 1, c->num_experts,
+                           n_groups, n_workers);
         if (!owns)
             return k3_fail(err, "--workers %d: expert server %d would own no expert (%d experts per layer spread over %d "
                            "servers); use fewer servers", n_workers, w, c->num_experts, n_workers);

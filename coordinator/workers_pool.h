@@ -1,7 +1,8 @@
 /* workers_pool.h - the expert backend that runs experts in k3-expertd processes.
  *
  * Starts n_workers servers (fork/exec of bin/k3-expertd), each with its own ring
- * (ring.h) and a disjoint expert set (expert_owner in wire.h). run() splits the
+ * (ring.h) and a disjoint expert set (expert_owner in wire.h; behind an MPI expert rank,
+ * expert_owner_in: the rank's experts spread over its servers). run() splits the
  * (token, expert) pairs by owner, sends one request per worker per layer
  * carrying only the latent rows that worker needs, and waits for every answer.
  * A worker that exits, is killed, stops making progress for timeout_ms, or
@@ -31,6 +32,7 @@ typedef struct {
     const char *expertd_path;
     const char *simd;          /* kernel level name, passed to workers */
     const char *policy;        /* expert-cache policy name, passed to workers */
+    int group, n_groups;       /* serve only expert rank `group`'s experts (of n_groups; 0 = 1 group) */
 } pool_options;
 
 typedef struct {
@@ -40,11 +42,15 @@ typedef struct {
     double wait_s, compute_s;  /* coordinator waiting on this worker; worker computing */
 } worker_stats;
 
-int workers_pool_create(expert_backend *b, k3_model *m, const pool_options *o, k3_error *err);
+/* model_dir: where the servers open the checkpoint; cfg: its config. */
+int workers_pool_create(expert_backend *b, const k3_config *cfg, const char *model_dir, const pool_options *o,
+                        k3_error *err);
 /* Usage checks made before anything starts: with n_workers > 0 every server must
  * own at least one expert of some MoE layer (expert_owner), and an expert cache
  * asked for (cache_bytes > 0, --expert-cache-mb) must hold at least one expert slot. */
 int workers_pool_check(const k3_model *m, int n_workers, uint64_t cache_bytes, k3_error *err);
+/* The same ownership check for the servers behind expert rank `group` of n_groups. */
+int workers_pool_check_group(const k3_config *c, int group, int n_groups, int n_workers, k3_error *err);
 int workers_pool_count(const expert_backend *b);
 void workers_pool_stats(const expert_backend *b, int i, worker_stats *out);
 /* Where bin/k3-expertd is: $K3_EXPERTD, else next to the running bin/k3. */

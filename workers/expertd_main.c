@@ -83,7 +83,7 @@ typedef struct {
 
 static int owns(int layer, int expert, void *ctx) {
     const wire_hello *h = ctx;
-    return expert_owner(layer, expert, h->n_workers) == h->worker;
+    return expert_owner_in(layer, expert, h->group, h->n_groups, h->n_workers) == h->worker;
 }
 
 /* Keeps only tensor names of experts this worker owns. */

@@ -118,7 +118,8 @@ static const cli_flag FLAGS[] = {
     {"stop-id", "N", CLI_FN, 0, 0, 0, add_stop_ids, NULL, "stop after emitting id N (repeatable, or N,M,...)"},
     {"mpi", NULL, CLI_SWITCH, OFF(mpi), 1, 0, NULL, NULL,
      "run under `mpirun -np N`: rank 0 coordinates, ranks 1..N-1 serve disjoint expert sets from their own hosts "
-     "(README \"Several machines\"); `--worker-timeout-ms` bounds a rank's silence"},
+     "(README \"Several machines\"); `--worker-timeout-ms` bounds a rank's silence; with `--workers N` every expert rank "
+     "serves its experts through N local servers (rank 0 owns none); `--json` gains per-rank `mpi` counters"},
     {"draft", "none|ngram|ids|model", CLI_STR, OFF(draft), 0, 0, NULL, "none",
      "exact speculative decoding: proposals checked in one forward pass each; the ids are always those of plain "
      "decoding (README \"Speculation\"); `ngram` looks the context's longest repeated suffix up"},

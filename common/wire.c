@@ -27,13 +27,15 @@ long wire_encode_hello(const wire_hello *h, void *buf, size_t cap) {
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 19);
+    msgpack_pack_map(&pk, h->n_groups > 0 ? 19 : 17);
     pk_kv_str(&pk, "type", "hello");
     pk_kv_str(&pk, "model_dir", h->model_dir);
     pk_kv_int(&pk, "worker", h->worker);
     pk_kv_int(&pk, "n_workers", h->n_workers);
-    pk_kv_int(&pk, "group", h->n_groups > 0 ? h->group : 0);
-    pk_kv_int(&pk, "n_groups", h->n_groups > 0 ? h->n_groups : 1);
+    if (h->n_groups > 0) { /* behind an MPI expert rank (absent: the one-level map) */
+        pk_kv_int(&pk, "group", h->group);
+        pk_kv_int(&pk, "n_groups", h->n_groups);
+    }
     pk_kv_u64(&pk, "cache_bytes", h->cache_bytes);
     pk_kv_int(&pk, "threads", h->threads);
     pk_kv_int(&pk, "node", h->node);
@@ -253,8 +255,7 @@ int wire_decode_hello(const void *buf, size_t len, wire_hello *h, k3_error *err)
               rd_str(&rd, "ownership", own, sizeof own))
                  ? -1 : 0;
     if (!rc && strcmp(own, "layer-rotate")) rc = k3_fail(err, "hello: unknown ownership scheme '%s'", own);
-    /* group / n_groups: optional (absent: the one-level map) */
-    h->n_groups = 1;
+    /* group / n_groups: optional (absent: 0, the one-level map) */
     if (!rc && (rd_get(&rd, "n_groups") || rd_get(&rd, "group")))
         rc = I64(&rd, "n_groups", 1, 4096, h->n_groups) || I64(&rd, "group", 0, h->n_groups - 1, h->group) ? -1 : 0;
     msgpack_unpacked_destroy(&rd.up);

@@ -14,7 +14,7 @@
 typedef struct {
     char model_dir[4096];
     int worker, n_workers;     /* ownership: expert_owner_in(layer, expert, group, n_groups, n_workers) == worker */
-    int group, n_groups;       /* the expert rank this server is behind (0 of 1 without --mpi) */
+    int group, n_groups;       /* the expert rank this server is behind (n_groups 0: none, one level) */
     uint64_t cache_bytes;
     int threads, node;         /* node -1: no NUMA binding */
     uint32_t n_slots;
@@ -74,6 +74,7 @@ static inline int expert_owner(int layer, int expert, int n_workers) {
  * group it is expert_owner. Consecutive experts of a group go to consecutive servers. */
 static inline int expert_owner_in(int layer, int expert, int group, int n_groups, int n_workers) {
     unsigned v = (unsigned)expert + (unsigned)layer;
+    if (n_groups < 1) n_groups = 1;
     if ((int)(v % (unsigned)n_groups) != group) return -1;
     return (int)((v / (unsigned)n_groups) % (unsigned)n_workers);
 }

@@ -90,6 +90,22 @@ static void test_wire(void) {
     n = wire_encode_hello(&h, buf, sizeof buf);
     k3_error_clear(&e);
     CHECK(wire_decode_hello(buf, (size_t)n, &h2, &e) == -1 && strstr(e.msg, "'worker'"), "worker 3 of 3: %s", e.msg);
+    h = hello(); /* behind an MPI expert rank: group / n_groups round trip, group < n_groups */
+    h.group = 1;
+    h.n_groups = 3;
+    n = wire_encode_hello(&h, buf, sizeof buf);
+    k3_error_clear(&e);
+    CHECK(n > 0 && wire_decode_hello(buf, (size_t)n, &h2, &e) == 0 && !memcmp(&h, &h2, sizeof h), "grouped hello: %s", e.msg);
+    h.group = 3;
+    n = wire_encode_hello(&h, buf, sizeof buf);
+    k3_error_clear(&e);
+    CHECK(wire_decode_hello(buf, (size_t)n, &h2, &e) == -1 && strstr(e.msg, "'group'"), "group 3 of 3: %s", e.msg);
+    for (int l = 1; l < 5; l++) /* every expert has one group; one group is the one-level map */
+        for (int x = 0; x < 16; x++) {
+            int n_own = 0;
+            for (int g = 0; g < 3; g++) n_own += expert_owner_in(l, x, g, 3, 2) >= 0;
+            CHECK(n_own == 1 && expert_owner_in(l, x, 0, 1, 2) == expert_owner(l, x, 2), "owner of %d/%d", l, x);
+        }
     h = hello();
     h.n_slots = 65;
     n = wire_encode_hello(&h, buf, sizeof buf);

@@ -2,10 +2,10 @@
  * chat_repl.h). */
 #include "coordinator/chat_repl.h"
 #include "coordinator/generate.h"
+#include "coordinator/state_gen.h"
 
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 struct chat_session {
@@ -14,18 +14,15 @@ struct chat_session {
     chat_options opt;
     chat_template tmpl;
     const char *system;     /* resolved: NULL = no system message */
-    seq_state st;
-    int st_ok, broken;
-    sampler smp;
-    int32_t *stops;
-    size_t n_stops;
+    gen_seq g;              /* state, sampler, stop ids and the transcript g.ids[0, g.n): [0, st.pos) fed */
+    int g_ok, broken;
     int32_t end_id;
-    chat_ids transcript;    /* [0, st.pos) fed, the rest pending */
-    float *logits;          /* one row */
+    chat_ids msg;           /* a turn's rendered ids before they are pushed (reused) */
     size_t V;
-    char *obuf;             /* utf8_stream output */
-    size_t ocap;
     size_t sys_n;           /* ids of the system message at the start of the transcript */
+    utf8_stream us;         /* the reply being streamed (on_token) */
+    FILE *out;
+    size_t n_gen;
 };
 
 void chat_options_default(chat_options *o) {
@@ -40,18 +37,21 @@ void chat_options_default(chat_options *o) {
     o->stats = 1;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+/* Pushes s->msg as pending ids; a history past the context is refused (K3_EINPUT). */
+static int push_msg(chat_session *s, k3_error *err) {
+    k3_error perr = {0};
+    if (gen_seq_push(&s->g, s->msg.ids, s->msg.n, &perr)) return k3_refuse(err, "%s; /reset to start over", perr.msg);
+    return 0;
 }
 
 /* The system message (if any) as pending ids of an empty transcript. */
 static int queue_system(chat_session *s, k3_error *err) {
     s->sys_n = 0;
     if (!s->system) return 0;
-    int rc = chat_render_turn(s->tok, s->tmpl, "system", s->system, strlen(s->system), &s->transcript, err);
-    if (!rc) s->sys_n = s->transcript.n;
+    s->msg.n = 0;
+    int rc = chat_render_turn(s->tok, s->tmpl, "system", s->system, strlen(s->system), &s->msg, err);
+    if (!rc) rc = push_msg(s, err);
+    if (!rc) s->sys_n = s->g.n;
     return rc;
 }
 
@@ -60,32 +60,28 @@ static int queue_system(chat_session *s, k3_error *err) {
 static int snap_before_turn(chat_session *s, k3_error *err) {
     k3_error kerr = {0};
     if (!s->opt.snaps) return 0;
-    if (s->st.pos == 0) {
-        long L = snap_lookup(s->opt.snaps, s->transcript.ids, s->transcript.n, s->transcript.n - 1, &s->st, &kerr);
+    if (s->g.st.pos == 0) {
+        long L = snap_lookup(s->opt.snaps, s->g.ids, s->g.n, s->g.n - 1, &s->g.st, &kerr);
         if (L < 0) {
             s->broken = 1;
             return k3_fail_as(err, kerr.kind, "%s", kerr.msg);
         }
     }
-    if (s->sys_n && s->st.pos < s->sys_n && s->sys_n < s->transcript.n) {
-        size_t from = s->st.pos;
-        if (feed_tokens(s->en, &s->st, s->transcript.ids + from, s->sys_n - from, s->opt.chunk, (size_t)-1, NULL, &kerr)) {
+    if (s->sys_n && s->g.st.pos < s->sys_n && s->sys_n < s->g.n) {
+        size_t from = s->g.st.pos;
+        if (feed_tokens(s->en, &s->g.st, s->g.ids + from, s->sys_n - from, s->opt.chunk, (size_t)-1, NULL, &kerr)) {
             s->broken = 1;
             return k3_fail_as(err, kerr.kind, "%s", kerr.msg);
         }
-        snap_insert(s->opt.snaps, s->transcript.ids, &s->st, &kerr);
+        snap_insert(s->opt.snaps, s->g.ids, &s->g.st, &kerr);
     }
     return 0;
 }
 
 void chat_session_free(chat_session *s) {
     if (!s) return;
-    if (s->st_ok) seq_state_free(&s->st);
-    sampler_free(&s->smp);
-    free(s->stops);
-    chat_ids_free(&s->transcript);
-    free(s->logits);
-    free(s->obuf);
+    if (s->g_ok) gen_seq_free(&s->g);
+    chat_ids_free(&s->msg);
     free(s);
 }
 
@@ -113,16 +109,21 @@ int chat_session_create(chat_session **out, engine *en, const tokenizer *tok, co
     int rc = chat_template_resolve(tok, opt->tmpl, &s->tmpl, err);
     if (rc) goto fail;
     s->system = opt->system ? (opt->system[0] ? opt->system : NULL) : chat_default_system(s->tmpl);
-    if (sampler_init(&s->smp, &opt->sampling, err)) {
+    sampler probe_smp; /* refused sampler settings are the caller's (K3_EINPUT), before anything is made */
+    if (sampler_init(&probe_smp, &opt->sampling, err)) {
         rc = -1;
         goto fail;
     }
-    if ((rc = chat_stop_ids(tok, s->tmpl, opt->stop_ids, opt->n_stop_ids, &s->stops, &s->n_stops, err)))
+    sampler_free(&probe_smp);
+    int32_t *stops = NULL;
+    size_t n_stops = 0;
+    if ((rc = chat_stop_ids(tok, s->tmpl, opt->stop_ids, opt->n_stop_ids, &stops, &n_stops, err)))
         goto fail;
     s->end_id = chat_end_id(tok, s->tmpl);
-    for (size_t i = 0; i < s->n_stops; i++)
-        if ((size_t)s->stops[i] >= s->V) {
-            k3_refuse(err, "stop id %d is outside the model's vocabulary [0, %zu)", s->stops[i], s->V);
+    for (size_t i = 0; i < n_stops; i++)
+        if ((size_t)stops[i] >= s->V) {
+            k3_refuse(err, "stop id %d is outside the model's vocabulary [0, %zu)", stops[i], s->V);
+            free(stops);
             rc = -1;
             goto fail;
         }
@@ -137,18 +138,17 @@ int chat_session_create(chat_session **out, engine *en, const tokenizer *tok, co
             rc = -1;
         }
     chat_ids_free(&probe);
+    if (rc) {
+        free(stops);
+        goto fail;
+    }
+    /* the transcript never grows past the context: the plan's, else the engine's */
+    rc = gen_seq_init(&s->g, &en->model->cfg, &opt->sampling, stops, n_stops,
+                      opt->max_context ? opt->max_context : en->max_ctx, err);
+    free(stops);
     if (rc) goto fail;
-    if (!(s->logits = malloc(s->V * sizeof *s->logits))) {
-        k3_nomem(err, "out of memory for a row of %zu logits", s->V);
-        rc = -1;
-        goto fail;
-    }
-    if (seq_state_init(&s->st, &en->model->cfg, err)) {
-        rc = -1;
-        goto fail;
-    }
-    s->st_ok = 1;
-    s->st.max_pos = opt->max_context; /* the MLA cache never grows past the plan */
+    s->g_ok = 1;
+    s->g.st.max_pos = opt->max_context; /* the MLA cache never grows past the plan */
     if ((rc = queue_system(s, err))) goto fail;
     *out = s;
     return 0;
@@ -158,60 +158,31 @@ fail:
 }
 
 int chat_session_reset(chat_session *s, k3_error *err) {
-    seq_state_reset(&s->st, &s->en->model->cfg);
-    s->transcript.n = 0;
+    gen_seq_reset(&s->g, &s->en->model->cfg);
     s->broken = 0;
-    sampler_reset(&s->smp);
     return queue_system(s, err);
 }
 
 const int32_t *chat_session_transcript(const chat_session *s, size_t *n, size_t *n_fed) {
-    if (n) *n = s->transcript.n;
-    if (n_fed) *n_fed = s->st.pos;
-    return s->transcript.ids;
+    if (n) *n = s->g.n;
+    if (n_fed) *n_fed = s->g.st.pos;
+    return s->g.ids;
 }
 
 chat_template chat_session_template(const chat_session *s) { return s->tmpl; }
 
 const int32_t *chat_session_stop_ids(const chat_session *s, size_t *n) {
-    *n = s->n_stops;
-    return s->stops;
+    *n = s->g.n_stop_ids;
+    return s->g.stop_ids;
 }
 
-static int is_stop(const chat_session *s, int32_t id) {
-    for (size_t i = 0; i < s->n_stops; i++)
-        if (s->stops[i] == id) return 1;
-    return 0;
-}
-
-/* Writes the token's bytes through the stream (ids the tokenizer does not know print nothing). */
-static int emit(chat_session *s, utf8_stream *us, int32_t id, FILE *out) {
-    const char *b;
-    size_t len;
-    if (!out || tokenizer_token_bytes(s->tok, id, &b, &len) != 0) return 0;
-    size_t need = UTF8_STREAM_MAX_OUT(len);
-    if (need > s->ocap) {
-        char *p = realloc(s->obuf, need);
-        if (!p) return -1;
-        s->obuf = p;
-        s->ocap = need;
-    }
-    size_t m = utf8_stream_push(us, b, len, s->obuf);
-    if (m) {
-        fwrite(s->obuf, 1, m, out);
-        fflush(out);
-    }
-    return 0;
-}
-
-/* Feeds the pending ids (transcript[st.pos ..]) and leaves the last position's logits in s->logits. */
-static int feed_pending(chat_session *s, k3_error *err) {
-    size_t from = s->st.pos, n = s->transcript.n - from;
-    if (feed_tokens(s->en, &s->st, s->transcript.ids + from, n, s->opt.chunk, s->transcript.n - 1, s->logits, err)) {
-        s->broken = 1;
-        return -1;
-    }
-    return 0;
+/* gen_seq's on_token: a reply's text goes to the session's `out` as it is picked (stop ids are not
+ * printed; utf8_stream_write_token: complete code points). */
+static void stream_token(void *ctx, int32_t id, int stop) {
+    chat_session *s = ctx;
+    if (stop) return;
+    s->n_gen++;
+    if (s->out) utf8_stream_write_token(&s->us, s->tok, id, s->out);
 }
 
 int chat_session_turn(chat_session *s, const char *text, size_t len, FILE *out, chat_turn_stats *stats, k3_error *err) {
@@ -222,74 +193,66 @@ int chat_session_turn(chat_session *s, const char *text, size_t len, FILE *out, 
         k3_fail(err, "the conversation state was lost by an earlier failure; /reset to start over");
         return -1;
     }
-    size_t n0 = s->transcript.n;
-    int rc = chat_render_turn(s->tok, s->tmpl, "user", text, len, &s->transcript, err);
-    if (!rc) rc = chat_render_generation_prompt(s->tok, s->tmpl, s->opt.thinking, &s->transcript, err);
-    if (rc) {
-        s->transcript.n = n0;
-        return rc;
-    }
+    size_t n0 = s->g.n;
+    s->msg.n = 0;
+    int rc = chat_render_turn(s->tok, s->tmpl, "user", text, len, &s->msg, err);
+    if (!rc) rc = chat_render_generation_prompt(s->tok, s->tmpl, s->opt.thinking, &s->msg, err);
+    if (rc) return rc;
     /* + 1: the id that closes a reply cut by the limit */
-    if (s->opt.max_context && s->transcript.n + s->opt.max_tokens + 1 > s->opt.max_context) {
+    if (s->opt.max_context && n0 + s->msg.n + s->opt.max_tokens + 1 > s->opt.max_context) {
         k3_refuse(err,
                  "context full: %zu positions used, this message needs %zu more plus up to %zu for the reply "
                  "(limit %zu); /reset to start over",
-                 n0, s->transcript.n - n0, s->opt.max_tokens + 1, s->opt.max_context);
-        s->transcript.n = n0;
+                 n0, s->msg.n, s->opt.max_tokens + 1, s->opt.max_context);
         return -1;
     }
-    double t0 = now_s();
+    if (push_msg(s, err)) return -1;
+    /* timing: prefill_s from the turn's first forward pass to the first pick, decode_s from there
+     * to the last pick (the one that ended the turn) */
+    double t0 = k3_now_s();
     if (snap_before_turn(s, err)) return -1;
-    ts.n_fed = s->transcript.n - s->st.pos;
-    if (feed_pending(s, err)) return -1;
-    ts.prefill_s = now_s() - t0;
-    t0 = now_s();
-    utf8_stream us;
-    utf8_stream_init(&us, 1);
-    for (;;) {
-        k3_error pe = {0};
-        int32_t id = sampler_pick(&s->smp, s->logits, s->V, &pe);
-        if (id < 0) {
+    ts.n_fed = s->g.n - s->g.st.pos;
+    utf8_stream_init(&s->us, 1);
+    s->out = out;
+    s->n_gen = 0;
+    s->g.on_token = stream_token;
+    s->g.on_token_ctx = s;
+    for (int first = 1;; first = 0) {
+        gen_event ev;
+        if (gen_step(s->en, &s->g, s->opt.chunk, &ev, err)) {
+            s->g.on_token = NULL;
             s->broken = 1;
-            return k3_fail_as(err, pe.kind, "position %zu: %s: refusing to emit a token", s->st.pos - 1, pe.msg);
+            return -1;
         }
-        if (chat_ids_append(&s->transcript, &id, 1)) goto nomem;
-        if (is_stop(s, id)) {
-            ts.stop_id = id;
+        if (first) { /* the first pick: the prefill is done */
+            ts.prefill_s = k3_now_s() - t0;
+            t0 = k3_now_s();
+        }
+        if (ev.stop) {
+            ts.stop_id = ev.id;
             break;
         }
-        ts.n_gen++;
-        if (emit(s, &us, id, out)) goto nomem;
-        if (ts.n_gen == s->opt.max_tokens) {
+        if (s->n_gen == s->opt.max_tokens) {
             ts.hit_limit = 1;
-            if (chat_ids_append(&s->transcript, &s->end_id, 1)) goto nomem;
+            if (gen_seq_push(&s->g, &s->end_id, 1, err)) {
+                s->g.on_token = NULL;
+                s->broken = 1;
+                return -1;
+            }
             break;
         }
-        if (feed_pending(s, err)) return -1;
     }
-    if (out) {
-        if (s->ocap < UTF8_STREAM_MAX_OUT(0)) {
-            char *p = realloc(s->obuf, UTF8_STREAM_MAX_OUT(0));
-            if (!p) goto nomem;
-            s->obuf = p;
-            s->ocap = UTF8_STREAM_MAX_OUT(0);
-        }
-        size_t m = utf8_stream_flush(&us, s->obuf);
-        if (m) fwrite(s->obuf, 1, m, out);
-        fflush(out);
-    }
-    ts.decode_s = now_s() - t0;
-    ts.context = s->transcript.n;
+    ts.decode_s = k3_now_s() - t0;
+    s->g.on_token = NULL;
+    if (out) utf8_stream_write_end(&s->us, out);
+    ts.n_gen = s->n_gen;
+    ts.context = s->g.n;
     if (s->opt.snaps) {
         k3_error kerr = {0};
-        snap_insert(s->opt.snaps, s->transcript.ids, &s->st, &kerr); /* best effort */
+        snap_insert(s->opt.snaps, s->g.ids, &s->g.st, &kerr); /* best effort */
     }
     if (stats) *stats = ts;
     return 0;
-nomem:
-    k3_nomem(err, "out of memory during a reply");
-    s->broken = 1;
-    return -1;
 }
 
 /* ---- the REPL ---- */
@@ -318,12 +281,13 @@ static void print_stats(const chat_session *s, const chat_turn_stats *ts, size_t
         else snprintf(why, sizeof why, "stop id %d", ts->stop_id);
     }
     double pre = ts->prefill_s > 0 ? (double)ts->n_fed / ts->prefill_s : 0;
-    /* reply rate: generated ids per second of the reply loop (picks, and feeding all but the last) */
-    double dec = ts->decode_s > 0 ? (double)ts->n_gen / ts->decode_s : 0;
+    /* reply rate: generated tokens / the time from the turn's first forward pass to its last pick
+     * (the prefill included: what the user waits for per token) */
+    double all = ts->prefill_s + ts->decode_s, rate = all > 0 ? (double)ts->n_gen / all : 0;
     fprintf(log,
-            "k3: [turn %zu: fed %zu tokens in %.3f s (%.1f tok/s); replied %zu tokens in %.3f s (%.2f tok/s); "
-            "ended by %s; context %zu]\n",
-            turn, ts->n_fed, ts->prefill_s, pre, ts->n_gen, ts->decode_s, dec, why, ts->context);
+            "k3: [turn %zu: fed %zu tokens in %.3f s (%.1f tok/s); replied %zu tokens in %.3f s from the first "
+            "forward pass to the last pick (%.2f tok/s); ended by %s; context %zu]\n",
+            turn, ts->n_fed, ts->prefill_s, pre, ts->n_gen, all, rate, why, ts->context);
     fflush(log);
 }
 
@@ -435,10 +399,9 @@ int chat_session_save(chat_session *s, const char *path, k3_error *err) {
         return -1;
     }
     state_run run = {.kind = STATE_KIND_CHAT, .thinking = s->opt.thinking, .tmpl = (int)s->tmpl,
-                     .gen_target = s->opt.max_tokens, .sampling = s->smp.cfg, .rng = s->smp.rng,
-                     .stop_ids = s->stops, .n_stop_ids = s->n_stops};
+                     .gen_target = s->opt.max_tokens};
     k3_error kerr = {0};
-    if (state_file_save(path, s->opt.fp, &s->en->model->cfg, s->transcript.ids, s->transcript.n, &s->st, &run, &kerr)) {
+    if (gen_seq_save(path, s->opt.fp, &s->en->model->cfg, &s->g, &run, &kerr)) {
         k3_fail_as(err, kerr.kind, "%s", kerr.msg);
         return -1;
     }
@@ -469,24 +432,17 @@ int chat_session_load(chat_session *s, const char *path, k3_error *err) {
         k3_refuse(err, "%s was saved with the %s chat template; this session uses %s (--template)", path,
                  chat_template_name((chat_template)ld.run.tmpl), chat_template_name(s->tmpl));
         rc = -1;
+    } else if (gen_seq_adopt(&s->g, &st, ld.ids, ld.n_ids,
+                             s->opt.sampling.seed == ld.run.sampling.seed ? &ld.run.rng : NULL, &kerr)) {
+        k3_refuse(err, "%s", kerr.msg); /* maxp is the context: not reached */
+        rc = -1;
     } else {
-        size_t n0 = s->transcript.n;
-        s->transcript.n = 0;
-        if (chat_ids_append(&s->transcript, ld.ids, ld.n_ids)) {
-            s->transcript.n = n0;
-            k3_nomem(err, "out of memory for a transcript of %zu ids", ld.n_ids);
-            rc = -1;
-        } else {
-            seq_state tmp = s->st;
-            s->st = st;
-            st = tmp;
-            sampler_config dflt;
-            sampler_config_default(&dflt);
-            if (!memcmp(&s->opt.sampling, &dflt, sizeof dflt)) s->smp.cfg = ld.run.sampling;
-            if (s->opt.sampling.seed == ld.run.sampling.seed) s->smp.rng = ld.run.rng;
-            s->broken = 0;
-            s->sys_n = 0;
-        }
+        s->g.st.max_pos = s->opt.max_context;
+        sampler_config dflt;
+        sampler_config_default(&dflt);
+        if (!memcmp(&s->opt.sampling, &dflt, sizeof dflt)) s->g.smp.cfg = ld.run.sampling;
+        s->broken = 0;
+        s->sys_n = 0;
     }
     seq_state_free(&st);
     state_loaded_free(&ld);

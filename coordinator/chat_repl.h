@@ -2,13 +2,15 @@
  * time, used by tests and tools) and the REPL loop behind `k3 MODEL --chat` (docs/CHAT.md).
  *
  * Contract
- * - A session owns a seq_state (KDA/MLA state), a sampler and the transcript (every id of the
- *   conversation in order). A turn renders the user text (chat.h), feeds ONLY the ids not fed yet
- *   (the pending ids, then the user message, then the generation prompt) through the carried state
- *   in chunks of opt->chunk, and generates until a stop id or opt->max_tokens: each token is picked
- *   by the sampler from the last position's logits, its text streamed to `out` by complete code
- *   points (utf8_stream, U+FFFD for ill-formed bytes, stop ids not printed) and, unless it ends the
- *   turn, fed as the next position. The conversation is never re-read.
+ * - A session owns a gen_seq (generate.h: the KDA/MLA state, the sampler, the stop ids and the
+ *   transcript, every id of the conversation in order; at most opt->max_context ids, else the
+ *   engine's context). A turn renders the user text (chat.h), pushes it, and generates with the one
+ *   generation step (gen_step) until a stop id or opt->max_tokens: the first step feeds ONLY the ids
+ *   not fed yet (the pending ids, then the user message, then the generation prompt) in chunks of
+ *   opt->chunk; each token is picked by the sampler from the last position's logits, its text
+ *   streamed to `out` by gen_seq's on_token (utf8_stream_write_token: complete code points, U+FFFD
+ *   for ill-formed bytes, stop ids not printed) and, unless it ends the turn, fed by the next step.
+ *   The conversation is never re-read.
  * - The id that ends the turn (the stop id, or after max_tokens the last generated id followed by the
  *   template's end of message, chat_end_id) becomes PENDING: it is part of the transcript at once and
  *   is fed at the start of the next turn together with the new message (one trunk pass fewer per
@@ -30,7 +32,8 @@
  *   needs no newline). Each line is one user message. Commands (the whole line, blanks around it
  *   ignored): /reset, /exit, /quit, /help, /save FILE, /load FILE. Blank lines are skipped. Replies go to `out`, one line per
  *   turn (a "> " prompt is printed when `in` is a terminal); the banner, per-turn stats (tokens,
- *   tokens/s, why the turn ended) and errors go to `log`. EOF or /exit ends it.
+ *   tokens/s, why the turn ended) and errors go to `log`. The reply's tok/s is generated tokens /
+ *   the time from the turn's first forward pass to its last pick (prefill included). EOF or /exit ends it.
  *   Returns 0 (normal end), 1 (run-time failure, message on log), 2 (refused options, message on
  *   log). */
 #ifndef K3_CHAT_REPL_H
@@ -69,7 +72,8 @@ typedef struct {
     size_t n_gen;        /* generated ids (without the stop id) */
     int32_t stop_id;     /* the stop id that ended the turn, or -1 */
     int hit_limit;       /* 1 if max_tokens ended the turn */
-    double prefill_s, decode_s;
+    double prefill_s;    /* the turn's first forward pass (or snapshot restore) to its first pick */
+    double decode_s;     /* the first pick to the last pick (the one that ended the turn) */
     size_t context;      /* transcript length after the turn */
 } chat_turn_stats;
 

@@ -125,7 +125,11 @@ static void pick(gen_seq *g, gen_event *ev) {
     if (g->on_token) g->on_token(g->on_token_ctx, id, ev->stop);
 }
 
-int gen_step_batch(engine *en, gen_seq *const *g, size_t n, size_t chunk, gen_event *ev, k3_error *err) {
+/* One forward_batch over the sequences' pending ids (see gen_step_batch). With pick_done, a
+ * sequence whose pending ids are then all fed picks a token; without (gen_feed), nothing is
+ * picked and the last row is kept in g->row only when no rows are watched. */
+static int step_batch(engine *en, gen_seq *const *g, size_t n, size_t chunk, int pick_done, gen_event *ev,
+                      k3_error *err) {
     forward_seq fs[GEN_MAX_BATCH];
     size_t idx[GEN_MAX_BATCH], take[GEN_MAX_BATCH], nf = 0, budget = en->max_rows;
     if (n > GEN_MAX_BATCH) return k3_fail(err, "a batch of %zu sequences: at most %d", n, GEN_MAX_BATCH);
@@ -145,7 +149,7 @@ int gen_step_batch(engine *en, gen_seq *const *g, size_t n, size_t chunk, gen_ev
         float *dst = NULL;
         if (s->on_row) {
             size_t want = s->rows_next > pos0 ? s->rows_next - pos0 : 0;
-            if (t == p && want > t - 1) want = t - 1; /* the pick needs the last row */
+            if (pick_done && t == p && want > t - 1) want = t - 1; /* the pick needs the last row */
             if (want < t) { from = want; dst = s->rows; }
         } else if (t == p) {
             from = t - 1;
@@ -167,9 +171,13 @@ int gen_step_batch(engine *en, gen_seq *const *g, size_t n, size_t chunk, gen_ev
             if (pos0 + t > s->rows_next) s->rows_next = pos0 + t;
             if (gen_seq_pending(s) == 0) memcpy(s->row, s->rows + (t - 1 - fs[j].logits_from) * s->vocab, s->vocab * sizeof *s->row);
         }
-        if (gen_seq_pending(s) == 0) pick(s, &ev[idx[j]]);
+        if (pick_done && gen_seq_pending(s) == 0) pick(s, &ev[idx[j]]);
     }
     return 0;
+}
+
+int gen_step_batch(engine *en, gen_seq *const *g, size_t n, size_t chunk, gen_event *ev, k3_error *err) {
+    return step_batch(en, g, n, chunk, 1, ev, err);
 }
 
 int gen_step(engine *en, gen_seq *g, size_t chunk, gen_event *ev, k3_error *err) {
@@ -185,32 +193,11 @@ int gen_step(engine *en, gen_seq *g, size_t chunk, gen_event *ev, k3_error *err)
 }
 
 int gen_feed(engine *en, gen_seq *g, size_t chunk, k3_error *err) {
+    gen_seq *one[1] = {g};
+    gen_event ev;
     if (en->max_rows == 0) return k3_fail(err, "feed: the engine was not initialised (engine_init)");
-    if (g->full_recompute && !g->feeding && g->n > 0) seq_state_reset(&g->st, &en->model->cfg);
-    /* feed all but nothing is picked: run steps while more than the last chunk is pending,
-     * then the rest with its rows (if watched) */
-    while (gen_seq_pending(g) > 0) {
-        size_t p = gen_seq_pending(g), t = p < chunk ? p : chunk;
-        if (t > en->max_rows) t = en->max_rows;
-        if (g->on_row && t > g->rows_cap) t = g->rows_cap;
-        size_t pos0 = g->st.pos, from = t;
-        float *dst = NULL;
-        if (g->on_row) {
-            size_t want = g->rows_next > pos0 ? g->rows_next - pos0 : 0;
-            if (want < t) { from = want; dst = g->rows; }
-        } else if (t == p) {
-            from = t - 1;
-            dst = g->row;
-        }
-        g->feeding = 1;
-        if (forward_chunk(en, &g->st, g->ids + pos0, t, from, dst, err)) return -1;
-        if (dst == g->rows) {
-            for (size_t r = from; r < t; r++)
-                if (pos0 + r >= g->rows_next) g->on_row(g->on_row_ctx, pos0 + r, g->rows + (r - from) * g->vocab);
-            if (pos0 + t > g->rows_next) g->rows_next = pos0 + t;
-            if (t == p) memcpy(g->row, g->rows + (t - 1 - from) * g->vocab, g->vocab * sizeof *g->row);
-        }
-    }
+    while (gen_seq_pending(g) > 0)
+        if (step_batch(en, one, 1, chunk, 0, &ev, err)) return -1;
     g->feeding = 0;
     return 0;
 }

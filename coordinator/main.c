@@ -100,17 +100,7 @@ static void print_token(void *ctx, int32_t id, int stop) {
     (void)stop;
     tp->n++;
     if (tp->tok) {
-        const char *b;
-        size_t len;
-        if (tokenizer_token_bytes(tp->tok, id, &b, &len) != 0) return;
-        char out[UTF8_STREAM_MAX_OUT(256)];
-        while (len > 0) {
-            size_t n = len < 256 ? len : 256;
-            fwrite(out, 1, utf8_stream_push(&tp->us, b, n, out), stdout);
-            b += n;
-            len -= n;
-        }
-        fflush(stdout);
+        utf8_stream_write_token(&tp->us, tp->tok, id, stdout);
     } else if (tp->tty) {
         fprintf(stderr, "\rk3: generated %zu/%zu", tp->n, tp->N);
     }
@@ -237,8 +227,7 @@ static int run(engine *en, const options *o, draft_source *draft, int spec_pp, c
     if (o->save_state && save_run(o->save_state, ps, c, &g, o, n, N, err)) goto out;
     if (ps->snaps && g.st.pos > 0 && !o->full_recompute && snap_insert(ps->snaps, g.ids, &g.st, err)) goto out;
     if (stream_tok) {
-        char tail[UTF8_STREAM_MAX_OUT(0)];
-        fwrite(tail, 1, utf8_stream_flush(&tp.us, tail), stdout);
+        utf8_stream_write_end(&tp.us, stdout);
         fputc('\n', stdout);
         fflush(stdout);
         r->streamed = 1;
@@ -993,8 +982,7 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
             token_printer tp = {.tok = tok};
             utf8_stream_init(&tp.us, 1);
             for (size_t i = 0; i < r.n_gen; i++) print_token(&tp, r.seq[r.n_prompt + i], 0);
-            char tail[UTF8_STREAM_MAX_OUT(0)];
-            fwrite(tail, 1, utf8_stream_flush(&tp.us, tail), stdout);
+            utf8_stream_write_end(&tp.us, stdout);
             fputc('\n', stdout);
             r.streamed = 1;
         }

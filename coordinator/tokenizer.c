@@ -149,6 +149,28 @@ size_t utf8_stream_flush(utf8_stream *s, char *out)
     return stream_bad(s, held, nh, out);
 }
 
+void utf8_stream_write_token(utf8_stream *s, const tokenizer *tok, int32_t id, FILE *out)
+{
+    const char *b;
+    size_t len;
+    if (tokenizer_token_bytes(tok, id, &b, &len) != 0) return;
+    char buf[UTF8_STREAM_MAX_OUT(256)];
+    while (len > 0) {
+        size_t n = len < 256 ? len : 256;
+        fwrite(buf, 1, utf8_stream_push(s, b, n, buf), out);
+        b += n;
+        len -= n;
+    }
+    fflush(out);
+}
+
+void utf8_stream_write_end(utf8_stream *s, FILE *out)
+{
+    char buf[UTF8_STREAM_MAX_OUT(0)];
+    fwrite(buf, 1, utf8_stream_flush(s, buf), out);
+    fflush(out);
+}
+
 /* ------------------------------------------------------------------ hash table */
 
 /* Open addressing, linear probing. A slot holds the first 8 bytes of the key, so tokens of up to 8

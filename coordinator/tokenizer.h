@@ -32,6 +32,7 @@
 #include "common/error.h"
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 
 /* Kimi wrapper limits (tokenization_kimi.py). */
@@ -86,6 +87,13 @@ typedef struct utf8_stream {
 void utf8_stream_init(utf8_stream *s, int replace_invalid);
 size_t utf8_stream_push(utf8_stream *s, const void *in, size_t len, char *out);
 size_t utf8_stream_flush(utf8_stream *s, char *out);
+
+/* Token streaming (every caller that prints generated text: --prompt runs, --chat): writes the
+ * bytes of token id through s to out and flushes out; an id the tokenizer does not know writes
+ * nothing. No allocation. */
+void utf8_stream_write_token(utf8_stream *s, const tokenizer *tok, int32_t id, FILE *out);
+/* Writes the held tail (utf8_stream_flush) to out and flushes out. */
+void utf8_stream_write_end(utf8_stream *s, FILE *out);
 
 /* ---- internals exposed for tests and tools ---- */
 

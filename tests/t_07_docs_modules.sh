@@ -2,7 +2,8 @@
 # docs/ARCHITECTURE.md lists every module: each common/, coordinator/ and workers/ source
 # (name.c / name.h) appears in the Modules table, as `dir/name`, as a bare `name` in a row
 # that names `dir/...` first, or under a prefix like `common/kernels*`. And the code cites
-# docs/MODEL.md (in the repository), not the spec outside it.
+# docs/MODEL.md (in the repository), not the spec outside it. Every unit test includes
+# tests/unit/check.h and defines no CHECK of its own.
 set -u
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-/usr/bin/python3}"
@@ -54,5 +55,19 @@ if bad:
         print("  " + x)
     sys.exit(1)
 print("the code cites docs/MODEL.md")
+# one CHECK macro: every unit test includes tests/unit/check.h and none defines its own
+bad = []
+for f in sorted(glob.glob("tests/unit/test_*.c")):
+    src = open(f, errors="replace").read()
+    if not re.search(r'^#include "(tests/unit/)?check\.h"', src, re.M):
+        bad.append(f + ": does not include tests/unit/check.h")
+    if re.search(r"^\s*#\s*define\s+CHECK\b", src, re.M):
+        bad.append(f + ": defines its own CHECK")
+if bad:
+    print("FAIL: unit tests and the one CHECK (tests/unit/check.h):")
+    for x in bad:
+        print("  " + x)
+    sys.exit(1)
+print("every unit test uses tests/unit/check.h")
 EOF
 echo ok

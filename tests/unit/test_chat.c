@@ -33,19 +33,14 @@
 #include <string.h>
 #include <unistd.h>
 #include "tests/unit/check.h"
+#include "tests/unit/harness.h"
 
 /* a cleared k3_error for the next call (the first failure wins, so each call gets a fresh one) */
 #define ERRP (k3_error_clear(&err), &err)
 
 
 
-static void die(const char *msg) {
-    fprintf(stderr, "fatal: %s\n", msg);
-    exit(2);
-}
-
 static const char *model_dir = "tests/models/m13";
-static char tmpdir[512];
 
 /* ------------------------------------------------------------------ sampler */
 
@@ -520,7 +515,7 @@ static void copy_file(const char *from, const char *to) {
 
 /* A tokenizer directory with m13's ranks and the given specials ("offset:name" pairs). */
 static void make_tok_dir(const char *name, const char *const *specials, char *dir, size_t cap) {
-    snprintf(dir, cap, "%s/%s", tmpdir, name);
+    snprintf(dir, cap, "%s/%s", test_tmpdir, name);
     if (mkdir(dir, 0700)) die(dir);
     char p[1024], q[1024];
     snprintf(p, sizeof p, "%s/tiktoken.model", model_dir);
@@ -728,39 +723,6 @@ static void test_k2_template(void) {
 }
 
 /* ------------------------------------------------------------------ sessions on m13 */
-
-typedef struct {
-    k3_model m;
-    mem_plan plan;
-    trunk *tr;
-    expert_backend eb;
-    engine en;
-    tokenizer *tok;
-} test_engine;
-
-static void engine_open(test_engine *te, const char *dir) {
-    memset(te, 0, sizeof *te);
-    k3_error err = {0};
-    const kernels *k = kernels_get(SIMD_AUTO);
-    if (!k) die("no kernels");
-    if (model_load(dir, &te->m, &err)) die(err.msg);
-    if (plan_make(&te->plan, &te->m.cfg, &te->m, 0, 0, 64, 4096, &err)) die(err.msg);
-    trunk_config tc = {te->plan.n_pinned, te->plan.n_slots, te->plan.lm_chunk_rows};
-    if (!(te->tr = trunk_create(&te->m, &tc, &err))) die(err.msg);
-    if (experts_local_create(&te->eb, &te->m, k, te->plan.expert_cache_per_worker, CACHE_POLICY_DEFAULT, &err)) die(err.msg);
-    te->en = (engine){.model = &te->m, .trunk = te->tr, .k = k, .experts = &te->eb};
-    if (engine_init(&te->en, 64, 4096, 2, &err)) die(err.msg);
-    te->tok = load_tok(dir);
-}
-
-static void engine_close(test_engine *te) {
-    engine_free(&te->en);
-    if (te->eb.destroy) te->eb.destroy(&te->eb);
-    trunk_free(te->tr);
-    plan_free(&te->plan);
-    model_free(&te->m);
-    tokenizer_free(te->tok);
-}
 
 /* The text a session prints for ids (utf8_stream with U+FFFD, like the session). */
 static char *stream_text(const tokenizer *t, const int32_t *ids, size_t n) {
@@ -1065,25 +1027,17 @@ static int repl_main(int argc, char **argv) {
     o.stop_ids = stops;
     o.n_stop_ids = nstops;
     test_engine te;
-    engine_open(&te, argv[2]);
+    test_engine_open(&te, argv[2], 64, 4096);
+    te.tok = load_tok(argv[2]);
     int rc = chat_repl(&te.en, te.tok, &o, stdin, stdout, stderr);
-    engine_close(&te);
+    test_engine_close(&te);
     return rc;
-}
-
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
 }
 
 int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "--repl")) return repl_main(argc, argv);
     if (argc >= 2) model_dir = argv[1];
-    const char *base = getenv("K3_TEST_TMP");
-    snprintf(tmpdir, sizeof tmpdir, "%s/k3chat.XXXXXX", base && *base ? base : "/tmp");
-    if (!mkdtemp(tmpdir)) die("mkdtemp");
+    test_tmpdir_make("k3chat");
     test_rng_golden();
     test_exp();
     test_greedy();
@@ -1098,15 +1052,11 @@ int main(int argc, char **argv) {
     tokenizer_free(t);
     test_k2_template();
     test_engine te;
-    engine_open(&te, model_dir);
+    test_engine_open(&te, model_dir, 64, 4096);
+    te.tok = load_tok(model_dir);
     test_sessions(&te);
     test_repl(&te);
-    engine_close(&te);
-    nftw(tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-    if (check_failures) {
-        fprintf(stderr, "test_chat: %d failures\n", check_failures);
-        return 1;
-    }
-    printf("test_chat: all passed\n");
-    return 0;
+    test_engine_close(&te);
+    test_tmpdir_remove();
+    return check_report("test_chat");
 }

@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* nftw (tests/unit/harness.h) */
 /* Job: unit tests for the rollback of exact speculation (coordinator/generate.c gen_step_spec,
  * the per-position states of coordinator/kda.c and state.h keep), on tests/models/m13 and
  * m14b12, run from the repository root (make unit).
@@ -15,58 +16,12 @@
 #include "coordinator/generate.h"
 #include "coordinator/plan.h"
 #include "coordinator/trunk.h"
+#include "tests/unit/check.h"
+#include "tests/unit/harness.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static int failures;
-
-#define CHECK(cond, ...)                                                    \
-    do {                                                                    \
-        if (!(cond)) {                                                      \
-            failures++;                                                     \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                   \
-            fputc('\n', stderr);                                            \
-        }                                                                   \
-    } while (0)
-
-static void die(const char *msg) {
-    fprintf(stderr, "fatal: %s\n", msg);
-    exit(2);
-}
-
-typedef struct {
-    k3_model m;
-    mem_plan plan;
-    trunk *tr;
-    expert_backend eb;
-    engine en;
-} test_engine;
-
-static void engine_open(test_engine *te, const char *dir) {
-    memset(te, 0, sizeof *te);
-    k3_error err = {0};
-    const kernels *k = kernels_get(SIMD_AUTO);
-    if (!k) die("no kernels");
-    if (model_load(dir, &te->m, &err)) die(err.msg);
-    if (plan_make(&te->plan, &te->m.cfg, &te->m, 0, 0, 16, 256, &err)) die(err.msg);
-    trunk_config tc = {te->plan.n_pinned, te->plan.n_slots, te->plan.lm_chunk_rows};
-    if (!(te->tr = trunk_create(&te->m, &tc, &err))) die(err.msg);
-    if (experts_local_create(&te->eb, &te->m, k, te->plan.expert_cache_per_worker, CACHE_POLICY_DEFAULT, &err))
-        die(err.msg);
-    te->en = (engine){.model = &te->m, .trunk = te->tr, .k = k, .experts = &te->eb};
-    if (engine_init(&te->en, 16, 256, 2, &err)) die(err.msg);
-}
-
-static void engine_close(test_engine *te) {
-    engine_free(&te->en);
-    if (te->eb.destroy) te->eb.destroy(&te->eb);
-    trunk_free(te->tr);
-    plan_free(&te->plan);
-    model_free(&te->m);
-}
 
 #define NP 9
 #define NGEN 24
@@ -204,15 +159,10 @@ int main(void) {
     const char *models[] = {"tests/models/m13", "tests/models/m14b12"};
     for (size_t i = 0; i < 2; i++) {
         test_engine te;
-        engine_open(&te, models[i]);
+        test_engine_open(&te, models[i], 16, 256);
         test_keep(&te, models[i]);
         test_spec(&te, models[i]);
-        engine_close(&te);
+        test_engine_close(&te);
     }
-    if (failures) {
-        fprintf(stderr, "test_spec: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_spec: ok\n");
-    return 0;
+    return check_report("test_spec");
 }

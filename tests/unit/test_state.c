@@ -23,6 +23,7 @@
 #include "coordinator/state_file.h"
 #include "coordinator/trunk.h"
 #include "tests/unit/check.h"
+#include "tests/unit/harness.h"
 
 #include <fcntl.h>
 #include <stdio.h>
@@ -32,12 +33,6 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static void die(const char *msg) {
-    fprintf(stderr, "fatal: %s\n", msg);
-    exit(2);
-}
-
-static char tmpdir[512];
 
 /* ------------------------------------------------------------------ hash */
 
@@ -66,39 +61,6 @@ static void test_hash(void) {
 }
 
 /* ------------------------------------------------------------------ engine */
-
-typedef struct {
-    k3_model m;
-    mem_plan plan;
-    trunk *tr;
-    expert_backend eb;
-    engine en;
-    state_fingerprint fp;
-} test_engine;
-
-static void engine_open(test_engine *te, const char *dir) {
-    memset(te, 0, sizeof *te);
-    k3_error err = {0};
-    const kernels *k = kernels_get(SIMD_AUTO);
-    if (!k) die("no kernels");
-    if (model_load(dir, &te->m, &err)) die(err.msg);
-    if (plan_make(&te->plan, &te->m.cfg, &te->m, 0, 0, 64, 4096, &err)) die(err.msg);
-    trunk_config tc = {te->plan.n_pinned, te->plan.n_slots, te->plan.lm_chunk_rows};
-    if (!(te->tr = trunk_create(&te->m, &tc, &err))) die(err.msg);
-    if (experts_local_create(&te->eb, &te->m, k, te->plan.expert_cache_per_worker, CACHE_POLICY_DEFAULT, &err))
-        die(err.msg);
-    te->en = (engine){.model = &te->m, .trunk = te->tr, .k = k, .experts = &te->eb};
-    if (engine_init(&te->en, 64, 4096, 2, &err)) die(err.msg);
-    if (state_fingerprint_compute(&te->fp, dir, NULL, &te->m.ck, &err)) die(err.msg);
-}
-
-static void engine_close(test_engine *te) {
-    engine_free(&te->en);
-    if (te->eb.destroy) te->eb.destroy(&te->eb);
-    trunk_free(te->tr);
-    plan_free(&te->plan);
-    model_free(&te->m);
-}
 
 #define NP 20
 static int32_t prompt[NP];
@@ -143,7 +105,7 @@ static char *path_in(const char *name) {
     static char p[4][768];
     static int k;
     k = (k + 1) % 4;
-    snprintf(p[k], sizeof p[k], "%s/%s", tmpdir, name);
+    snprintf(p[k], sizeof p[k], "%s/%s", test_tmpdir, name);
     return p[k];
 }
 
@@ -387,7 +349,7 @@ static void test_snapshots(test_engine *te) {
     k3_error err = {0};
     float *cold = cold_logits(te, NP);
     char dir[768];
-    snprintf(dir, sizeof dir, "%s/snaps", tmpdir);
+    snprintf(dir, sizeof dir, "%s/snaps", test_tmpdir);
     snap_options o = {.cfg = c, .fp = &te->fp, .mem_cap = 1 << 30, .dir = dir, .disk_cap = 1 << 30,
                       .max_positions = 4096, .log = stderr};
     snap_store *s;
@@ -451,7 +413,7 @@ static void test_snapshots(test_engine *te) {
         state_fingerprint fp2 = te->fp;
         fp2.config ^= 1;
         char dir2[800];
-        snprintf(dir2, sizeof dir2, "%s/snaps2", tmpdir);
+        snprintf(dir2, sizeof dir2, "%s/snaps2", test_tmpdir);
         snap_options o2 = o;
         o2.fp = &fp2;
         o2.dir = dir2;
@@ -502,26 +464,19 @@ static void test_snapshots(test_engine *te) {
 }
 
 int main(void) {
-    const char *base = getenv("K3_TEST_TMP") ? getenv("K3_TEST_TMP") : "/tmp";
-    snprintf(tmpdir, sizeof tmpdir, "%s/test_state.XXXXXX", base);
-    if (!mkdtemp(tmpdir)) die("mkdtemp");
+    test_tmpdir_make("test_state");
     test_hash();
     test_engine te;
-    engine_open(&te, "tests/models/m13");
+    test_engine_open(&te, "tests/models/m13", 64, 4096);
+    k3_error err = {0};
+    if (state_fingerprint_compute(&te.fp, "tests/models/m13", NULL, &te.m.ck, &err)) die(err.msg);
     make_prompt(te.m.cfg.vocab_size);
     test_fingerprint(&te);
     test_round_trip(&te);
     test_refusals(&te);
     test_atomic(&te);
     test_snapshots(&te);
-    engine_close(&te);
-    char cmd[700];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
-    if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", tmpdir);
-    if (check_failures) {
-        fprintf(stderr, "%d failure(s)\n", check_failures);
-        return 1;
-    }
-    printf("test_state: all passed\n");
-    return 0;
+    test_engine_close(&te);
+    test_tmpdir_remove();
+    return check_report("test_state");
 }

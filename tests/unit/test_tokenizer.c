@@ -26,17 +26,13 @@
 #include <time.h>
 #include <unistd.h>
 #include "tests/unit/check.h"
+#define HARNESS_NO_ENGINE
+#include "tests/unit/harness.h"
 
 /* a cleared k3_error for the next call (the first failure wins, so each call gets a fresh one) */
 #define ERRP (k3_error_clear(&err), &err)
 
 
-
-static void die(const char *msg)
-{
-    fprintf(stderr, "fatal: %s\n", msg);
-    exit(2);
-}
 
 static void *xmalloc(size_t n)
 {
@@ -143,11 +139,10 @@ static void make_vocab(const char *dir, const char *const *toks, size_t ntoks, c
     write_file(path, config, strlen(config));
 }
 
-static char tmpdir[512];
 
 static void path_in(char *out, size_t n, const char *name)
 {
-    snprintf(out, n, "%s/%s", tmpdir, name);
+    snprintf(out, n, "%s/%s", test_tmpdir, name);
 }
 
 static int ids_eq(const int32_t *a, size_t na, const int32_t *b, size_t nb)
@@ -946,14 +941,6 @@ static int bench_mode(const char *dir, const char *file, double seconds)
     return 0;
 }
 
-static int rm_cb(const char *p, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb;
-    (void)flag;
-    (void)ftw;
-    return remove(p);
-}
-
 int main(int argc, char **argv)
 {
     if (argc >= 4 && !strcmp(argv[1], "--encode-file"))
@@ -966,11 +953,7 @@ int main(int argc, char **argv)
                         " --corpus DIR CORPUS OUT | --bench DIR FILE [SECONDS]]\n", argv[0]);
         return 2;
     }
-    const char *base = getenv("K3_TEST_TMP");
-    if (!base || !*base) base = getenv("TMPDIR");
-    if (!base || !*base) base = "/tmp";
-    snprintf(tmpdir, sizeof tmpdir, "%s/test_tokenizer.XXXXXX", base);
-    if (!mkdtemp(tmpdir)) die("mkdtemp");
+    test_tmpdir_make("test_tokenizer");
     make_special_vocab();
     test_unicode_table();
     test_split();
@@ -981,11 +964,6 @@ int main(int argc, char **argv)
     test_stream();
     test_corrupt();
     test_cli();
-    nftw(tmpdir, rm_cb, 16, FTW_DEPTH | FTW_PHYS);
-    if (check_failures) {
-        fprintf(stderr, "test_tokenizer: %d failures\n", check_failures);
-        return 1;
-    }
-    printf("test_tokenizer: all passed\n");
-    return 0;
+    test_tmpdir_remove();
+    return check_report("test_tokenizer");
 }

@@ -5,7 +5,8 @@
 #              double FMA peak (12 independent FMA chains per thread, AVX-512 when the
 #              CPU has it, else AVX2), both measured
 #              before and after the engine runs (the higher value is the ceiling);
-#              device O_DIRECT sequential read rate (fio, QD 32, 4 MiB, on a shard);
+#              device O_DIRECT sequential read rate (fio, QD 32, 4 MiB, on a shard;
+#              without fio: dd iflag=direct, QD 1, a lower bound);
 #   engine     on the real-width model (K3 widths, `make bench-model`): resident decode
 #              at 1 and all threads against its roofline, prefill (72- vs 8-token
 #              prompt) against the FMA peak, a streamed run (--mem-gb 7) against fio,
@@ -54,6 +55,15 @@ if command -v fio > /dev/null; then
     log "fio failed: $(head -c 300 "$out/fio.err")"
   fi
 fi
+fio_how="fio, QD 32, 4 MiB"
+if [ "$fio_gbs" = 0 ]; then # no fio: dd O_DIRECT at queue depth 1 (a lower bound of the device's rate)
+  log "no fio: dd O_DIRECT read of $shard"
+  if dd if="$shard" of=/dev/null bs=4M count=512 iflag=direct 2> "$out/dd.err"; then
+    fio_gbs=$(sed -n 's/.* copied, \([0-9.]*\) s, .*/\1/p' "$out/dd.err" | awk '{ if ($1 > 0) printf "%.3f", 2147483648 / $1 / 1e9; else print 0 }')
+    fio_how="dd iflag=direct, QD 1, 4 MiB: no fio installed"
+    fio_gbs=${fio_gbs:-0}
+  fi
+fi
 
 ids8=163584,1000,2000,3000,4000,5000,6000,7000
 ids72=$ids8
@@ -81,9 +91,9 @@ bin/bench_kernels --ceilings > "$out/ceil1.txt"
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
 flock -u 9
 
-/usr/bin/python3 - "$out" "$MODEL" "$NT" "$fio_gbs" "$load0" "$load1" "$GEN" "$STREAM_GB" "${BASE_K3:-}" "$K3" << 'EOF'
+/usr/bin/python3 - "$out" "$MODEL" "$NT" "$fio_gbs" "$load0" "$load1" "$GEN" "$STREAM_GB" "${BASE_K3:-}" "$K3" "$fio_how" << 'EOF'
 import json, os, struct, sys, platform, subprocess
-out, model, nt, fio_gbs, load0, load1, gen, stream_gb, base_k3, k3 = sys.argv[1:]
+out, model, nt, fio_gbs, load0, load1, gen, stream_gb, base_k3, k3, fio_how = sys.argv[1:]
 nt, fio_gbs, gen = int(nt), float(fio_gbs), int(gen)
 
 def ceil(path):
@@ -150,7 +160,7 @@ print("| read bandwidth GB/s (best of 1-8 streams per thread, before / after) | 
     c0[("read_bw_gbs", 1)], c1.get(("read_bw_gbs", 1), 0), c0[("read_bw_gbs", nt)], c1.get(("read_bw_gbs", nt), 0)))
 print("| double FMA peak GFLOP/s (before / after) | %.1f / %.1f | %.1f / %.1f |" % (
     c0[("fma_peak_gflops", 1)], c1.get(("fma_peak_gflops", 1), 0), c0[("fma_peak_gflops", nt)], c1.get(("fma_peak_gflops", nt), 0)))
-print("| device O_DIRECT read (fio, QD 32, 4 MiB) GB/s | %.2f | |\n" % fio_gbs)
+print("| device O_DIRECT read (%s) GB/s | %.2f | |\n" % (fio_how, fio_gbs))
 
 rows = []
 for who in ["new"] + (["base"] if base_k3 else []):

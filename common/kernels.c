@@ -171,7 +171,7 @@ void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_
 #ifdef K3_HAVE_X86_KERNELS
     if (rb.gemm && ntok >= K3_GEMM_MIN_TOK && (W->dtype == DTYPE_F32 || W->dtype == DTYPE_BF16)) {
         const size_t ntile = (rows + K3_GEMM_NR - 1) / K3_GEMM_NR;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(runtime)
         for (size_t ti = 0; ti < ntile; ti++) {
             const size_t r0 = ti * K3_GEMM_NR, nr = rows - r0 < K3_GEMM_NR ? rows - r0 : K3_GEMM_NR;
             if (W->dtype == DTYPE_F32) (rb.gemm == 2 ? k3_gemm_f32_avx512 : k3_gemm_f32_avx2)(W->data, rows, cols, r0, nr, x, ntok, y);
@@ -182,7 +182,7 @@ void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_
 #endif
     if (W->dtype == DTYPE_F32) {
         const float *wd = W->data;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(runtime)
         for (size_t bi = 0; bi < nblk; bi++) {
             const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;
             const float *w = wd + r0 * cols;
@@ -196,7 +196,7 @@ void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_
         }
     } else if (W->dtype == DTYPE_BF16) {
         const uint16_t *wd = W->data;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(runtime)
         for (size_t bi = 0; bi < nblk; bi++) {
             const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;
             const uint16_t *w = wd + r0 * cols;
@@ -234,7 +234,7 @@ void matmul_mxfp4(const kernels *k, const mxfp4_weight *W, const float *x, size_
 #ifdef K3_HAVE_X86_KERNELS
     if (rb.gemm && ntok >= K3_GEMM_MIN_TOK) {
         const size_t ntile = (rows + K3_GEMM_NR - 1) / K3_GEMM_NR;
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(runtime)
         for (size_t ti = 0; ti < ntile; ti++) {
             const size_t r0 = ti * K3_GEMM_NR, nr = rows - r0 < K3_GEMM_NR ? rows - r0 : K3_GEMM_NR;
             (rb.gemm == 2 ? k3_gemm_mxfp4_avx512 : k3_gemm_mxfp4_avx2)(W->packed, W->scales, rows, cols, r0, nr, x, ntok, y);
@@ -242,7 +242,7 @@ void matmul_mxfp4(const kernels *k, const mxfp4_weight *W, const float *x, size_
         return;
     }
 #endif
-#pragma omp parallel for schedule(static)
+#pragma omp parallel for schedule(runtime)
     for (size_t bi = 0; bi < nblk; bi++) {
         const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;
         const uint8_t *p = W->packed + r0 * (cols / 2), *s = W->scales + r0 * (cols / 32);

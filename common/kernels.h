@@ -62,7 +62,12 @@ const kernels *kernels_get(simd_level want);
 /* Parses "auto|scalar|avx2|avx512"; returns -1 on anything else. */
 int simd_level_parse(const char *s, simd_level *out);
 
-/* y[t*W.rows + r] = W[r] . x[t*W.cols ...] for t < ntok. OpenMP over rows. */
+/* y[t*W.rows + r] = W[r] . x[t*W.cols ...] for t < ntok. OpenMP over rows, in blocks
+ * (K3_ROWBLOCK rows for one to three tokens, K3_GEMM_NR-row tiles from four), with
+ * schedule(runtime): the caller picks with omp_set_schedule. Static gives every thread
+ * one contiguous share (a NUMA placement puts each share's rows on its node); dynamic
+ * lets a running thread take the blocks of one the host has descheduled (a shared
+ * machine). Which thread computes a row never changes its bits. */
 void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_t ntok, float *y);
 void matmul_mxfp4(const kernels *k, const mxfp4_weight *W, const float *x, size_t ntok, float *y);
 

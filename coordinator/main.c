@@ -872,6 +872,10 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
         fprintf(stderr, "k3: %s\n", err.msg);
         goto done;
     }
+    /* the kernels' row blocks (common/kernels.h): a bound placement keeps the static partition
+     * its rows were placed for; otherwise a thread the host deschedules leaves its blocks to the
+     * others (4 blocks a grab: 16 rows of a one-token matmul, 96 of a multi-token one) */
+    omp_set_schedule(pl.bound ? omp_sched_static : omp_sched_dynamic, pl.bound ? 0 : 4);
     ri.n_workers = pl.n_servers; /* 0 with --mpi (make_placement) */
     ri.mpi = o.mpi;
     if (workers_pool_check(&m, ri.n_workers, o.cache_mb > 0 ? (uint64_t)(o.cache_mb * 1048576.0) + 1 : 0, &err)) {

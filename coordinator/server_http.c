@@ -459,6 +459,21 @@ static json_t *chunk_head(gen_ctx *g) {
     return o;
 }
 
+/* Sets ch's "token_ids" to the ids generated since the last event, [sent_lp, ntok). */
+static void put_new_ids(gen_ctx *g, json_t *ch, size_t ntok) {
+    pthread_mutex_lock(&g->req->mu);
+    json_object_set_new(ch, "token_ids", ids_array(g->req->out + g->sent_lp, ntok - g->sent_lp));
+    pthread_mutex_unlock(&g->req->mu);
+}
+
+/* Sends chunk o with the one choice ch. */
+static int send_choice(gen_ctx *g, json_t *o, json_t *ch) {
+    json_t *cs = json_array();
+    json_array_append_new(cs, ch);
+    json_object_set_new(o, "choices", cs);
+    return out_event(g, o);
+}
+
 /* Appends the events for what is new; at the end the finish chunk, usage and [DONE]. */
 static int stream_events(gen_ctx *g) {
     size_t cn = content_limit(g, g->done);
@@ -485,7 +500,7 @@ static int stream_events(gen_ctx *g) {
         g->role_sent = 1;
     }
     if (new_text || new_calls || new_lp) {
-        json_t *o = chunk_head(g), *ch = json_object(), *cs = json_array();
+        json_t *o = chunk_head(g), *ch = json_object();
         json_object_set_new(ch, "index", json_integer(0));
         if (g->ar.chat) {
             json_t *d = json_object();
@@ -504,31 +519,21 @@ static int stream_events(gen_ctx *g) {
             json_object_set_new(ch, "logprobs", new_lp ? text_logprobs(g, g->sent_lp, ntok) : json_null());
         }
         json_object_set_new(ch, "finish_reason", json_null());
-        if (g->ar.return_token_ids) {
-            pthread_mutex_lock(&g->req->mu);
-            json_object_set_new(ch, "token_ids", ids_array(g->req->out + g->sent_lp, ntok - g->sent_lp));
-            pthread_mutex_unlock(&g->req->mu);
-        }
-        json_array_append_new(cs, ch);
-        json_object_set_new(o, "choices", cs);
-        if (out_event(g, o)) return -1;
+        if (g->ar.return_token_ids) put_new_ids(g, ch, ntok);
+        if (send_choice(g, o, ch)) return -1;
         g->sent_content = cn;
         g->sent_reasoning = rn;
         g->sent_calls = g->cp.n_calls;
         g->sent_lp = ntok;
     } else if (g->ar.return_token_ids && ntok > g->sent_lp && !g->stop_hit) {
         /* ids that did not change any text yet (held bytes, markup): still reported in order */
-        json_t *o = chunk_head(g), *ch = json_object(), *cs = json_array();
+        json_t *o = chunk_head(g), *ch = json_object();
         json_object_set_new(ch, "index", json_integer(0));
         if (g->ar.chat) json_object_set_new(ch, "delta", json_object());
         else json_object_set_new(ch, "text", json_string(""));
         json_object_set_new(ch, "finish_reason", json_null());
-        pthread_mutex_lock(&g->req->mu);
-        json_object_set_new(ch, "token_ids", ids_array(g->req->out + g->sent_lp, ntok - g->sent_lp));
-        pthread_mutex_unlock(&g->req->mu);
-        json_array_append_new(cs, ch);
-        json_object_set_new(o, "choices", cs);
-        if (out_event(g, o)) return -1;
+        put_new_ids(g, ch, ntok);
+        if (send_choice(g, o, ch)) return -1;
         g->sent_lp = ntok;
     }
     if (g->done && !g->final_sent) {

@@ -56,6 +56,27 @@ static char *disk_path(const snap_store *s, const char *name) {
     return p;
 }
 
+/* Lists file `name` (hash h, n positions, as stat'ed in sb) among the store's files. */
+static int disk_add(snap_store *s, const char *name, uint64_t h, size_t n, const struct stat *sb, k3_error *err) {
+    if (s->n_disk == s->cap_disk) {
+        size_t nc = s->cap_disk ? 2 * s->cap_disk : 16;
+        disk_entry *nd = realloc(s->disk, nc * sizeof *nd);
+        if (!nd) return k3_fail(err, "out of memory");
+        s->disk = nd;
+        s->cap_disk = nc;
+    }
+    disk_entry *e = &s->disk[s->n_disk];
+    if (!(e->name = strdup(name))) return k3_fail(err, "out of memory");
+    e->hash = h;
+    e->n = n;
+    e->size = (uint64_t)sb->st_size;
+    e->mtime = sb->st_mtim;
+    s->n_disk++;
+    s->st.disk_bytes += e->size;
+    s->st.disk_files = s->n_disk;
+    return 0;
+}
+
 static int scan_dir(snap_store *s, k3_error *err) {
     if (mkdir(s->dir, 0700) != 0 && errno != EEXIST) return k3_fail(err, "cannot create --state-dir %s: %s", s->dir, strerror(errno));
     DIR *d = opendir(s->dir);
@@ -70,21 +91,10 @@ static int scan_dir(snap_store *s, k3_error *err) {
         struct stat sb;
         if (!p || stat(p, &sb) != 0 || !S_ISREG(sb.st_mode)) { free(p); continue; }
         free(p);
-        if (s->n_disk == s->cap_disk) {
-            size_t nc = s->cap_disk ? 2 * s->cap_disk : 16;
-            disk_entry *nd = realloc(s->disk, nc * sizeof *nd);
-            if (!nd) { closedir(d); return k3_fail(err, "out of memory"); }
-            s->disk = nd;
-            s->cap_disk = nc;
+        if (disk_add(s, de->d_name, (uint64_t)h, n, &sb, err)) {
+            closedir(d);
+            return -1;
         }
-        disk_entry *e = &s->disk[s->n_disk];
-        if (!(e->name = strdup(de->d_name))) { closedir(d); return k3_fail(err, "out of memory"); }
-        e->hash = h;
-        e->n = n;
-        e->size = (uint64_t)sb.st_size;
-        e->mtime = sb.st_mtim;
-        s->n_disk++;
-        s->st.disk_bytes += e->size;
     }
     closedir(d);
     s->st.disk_files = s->n_disk;
@@ -297,22 +307,7 @@ static int disk_put(snap_store *s, const int32_t *ids, uint64_t h, const seq_sta
         return -1;
     }
     free(p);
-    if (s->n_disk == s->cap_disk) {
-        size_t nc = s->cap_disk ? 2 * s->cap_disk : 16;
-        disk_entry *nd = realloc(s->disk, nc * sizeof *nd);
-        if (!nd) return k3_fail(err, "out of memory");
-        s->disk = nd;
-        s->cap_disk = nc;
-    }
-    disk_entry *e = &s->disk[s->n_disk];
-    if (!(e->name = strdup(name))) return k3_fail(err, "out of memory");
-    e->hash = h;
-    e->n = n;
-    e->size = (uint64_t)sb.st_size;
-    e->mtime = sb.st_mtim;
-    s->n_disk++;
-    s->st.disk_bytes += e->size;
-    s->st.disk_files = s->n_disk;
+    if (disk_add(s, name, h, n, &sb, err)) return -1;
     while (s->st.disk_bytes > s->opt.disk_cap && s->n_disk) {
         size_t lru = 0;
         for (size_t i = 1; i < s->n_disk; i++)

@@ -214,6 +214,7 @@ static int force_ids(scheduler *s, slot *sl, k3_error *e) {
 static int force_due(const slot *sl) {
     const gen_request *r = sl->req;
     if (sl->forced || r->n_force == 0 || r->n_out < r->n_force_after) return 0;
+    if (r->n_force_after == 0) return 1; /* forced at once (memcmp of 0 bytes may still not get NULL) */
     return !memcmp(r->out + r->n_out - r->n_force_after, r->force_after, r->n_force_after * sizeof *r->out);
 }
 

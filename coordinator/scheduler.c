@@ -422,7 +422,13 @@ static void *loop(void *arg) {
                 continue;
             }
             size_t fed_to = sl->g.st.pos;
-            if (fed_to > pos0[j]) s->stats.batch_rows++;
+            if (fed_to > pos0[j]) {
+                gen_request *r = sl->req;
+                s->stats.batch_rows++;
+                if (r->n_steps++ == 0) r->step_first = s->stats.steps;
+                r->step_last = s->stats.steps;
+                if (pos0[j] < sl->prompt_end && fed_to - pos0[j] > r->max_rows_step) r->max_rows_step = fed_to - pos0[j];
+            }
             if (pos0[j] < sl->prompt_end) {
                 s->stats.tokens_prefilled += (fed_to < sl->prompt_end ? fed_to : sl->prompt_end) - pos0[j];
                 if (fed_to >= sl->prompt_end && !sl->prompt_kept) {

@@ -80,6 +80,10 @@ typedef struct gen_request {
     int cancelled;         /* set by sched_cancel */
     char error[256];
     double t_submit, t_start, t_first, t_done; /* CLOCK_MONOTONIC seconds */
+    /* the steps this request's sequence was fed in (scheduler step numbers, 1-based), and the most
+     * prompt ids one of its steps fed (final once done) */
+    uint64_t n_steps, step_first, step_last;
+    size_t max_rows_step;
     int refs;
 } gen_request;
 

@@ -12,7 +12,8 @@
  *   a named choice filter the parsed calls;
  * - scheduler on m13 (in-process engine, 3 slots, 5 concurrent greedy requests): forced ids
  *   enter when their trigger has been generated (and at once with an empty trigger), carry
- *   logprob 0 and one top entry, and what follows them equals the same ids given as a prompt. */
+ *   logprob 0 and one top entry, and what follows them equals the same ids given as a prompt; a
+ *   600-id prompt is fed 16 ids per step while a decoding sequence gets a token in every step. */
 #include "check.h"
 #include "common/kernels.h"
 #include "coordinator/chat_parse.h"
@@ -445,7 +446,7 @@ static void test_scheduler_forced(void) {
         return;
     }
     k3_error err = {0};
-    sched_config sc = {.parallel = 3, .max_queue = 8, .chunk = 16, .max_context = 256};
+    sched_config sc = {.parallel = 3, .max_queue = 8, .chunk = 16, .max_context = 1024};
     scheduler *s = sched_create(&te.en, &sc, &err);
     CHECK(s != NULL, "sched_create: %s", err.msg);
     if (!s) {
@@ -503,6 +504,26 @@ static void test_scheduler_forced(void) {
     CHECK(f->n_out == 2 && f->finish == FINISH_LENGTH && f->out[0] == F[0] && f->out[1] == F[1],
           "forced ids cut at max_tokens: %zu ids, finish %d", f->n_out, f->finish);
     gen_request_release(f);
+
+    /* a long prompt is fed in chunks of at most `chunk` ids, and a decoding sequence is in every
+     * step while it prefills (one row each: it is never stalled) */
+    int32_t L[600];
+    for (int i = 0; i < 600; i++) L[i] = 1 + (i * 37) % 500;
+    gen_request *lg = req(L, 600, 1), *dec = req(P, 20, 60);
+    sched_submit(s, lg);
+    sched_submit(s, dec);
+    wait_done(lg);
+    wait_done(dec);
+    CHECK(lg->max_rows_step == sc.chunk && lg->n_steps == (600 + sc.chunk - 1) / sc.chunk,
+          "the long prompt: %llu steps, at most %zu ids per step", (unsigned long long)lg->n_steps, lg->max_rows_step);
+    CHECK(dec->n_steps == dec->step_last - dec->step_first + 1 && dec->n_steps == 60 + 1,
+          "the decoding sequence was in every step from its first to its last (%llu steps, %llu..%llu)",
+          (unsigned long long)dec->n_steps, (unsigned long long)dec->step_first, (unsigned long long)dec->step_last);
+    CHECK(dec->step_first <= lg->step_last && lg->step_first <= dec->step_last, "the two overlapped (%llu..%llu, %llu..%llu)",
+          (unsigned long long)lg->step_first, (unsigned long long)lg->step_last, (unsigned long long)dec->step_first,
+          (unsigned long long)dec->step_last);
+    gen_request_release(lg);
+    gen_request_release(dec);
     gen_request_release(a);
     for (int i = 0; i < 4; i++) gen_request_release(all[i]);
     sched_destroy(s);

@@ -671,37 +671,168 @@ static int plan_only(const options *o) {
     return rc ? EXIT_USAGE : EXIT_OK;
 }
 
+/* Step 3 (--load-state, --resume): loads the state file lpath into lst/ld and takes over its run
+ * settings (prompt, target, sampler, stop ids, text) into o, ps, r, *n and *hist (ids before this
+ * run's prompt); loads the tokenizer when the saved run printed text. 0, or an exit status. */
+static int take_state_file(options *o, const char *lpath, int sources, const k3_model *m, state_fingerprint *fp,
+                           seq_state *lst, state_loaded *ld, persist *ps, run_result *r, size_t *n, size_t *hist,
+                           tokenizer **tok, const tokenizer **ri_tok) {
+    k3_error err = {0};
+    if (seq_state_init(lst, &m->cfg, &err)) { fprintf(stderr, "k3: %s\n", err.msg); return EXIT_RUNTIME; }
+    if (state_file_load(lpath, fp, &m->cfg, o->max_context ? (size_t)o->max_context : (size_t)1 << 30, lst, ld, &err)) {
+        fprintf(stderr, "k3: refusing the state file: %s\n", err.msg);
+        return EXIT_USAGE;
+    }
+    ps->ld = ld;
+    ps->lst = lst;
+    ps->keep_rng = 1;
+    if (o->resume) { /* the run as it was started: its prompt, target, sampler, stop ids */
+        if (ld->run.kind != STATE_KIND_RUN || ld->n_ids > ld->run.n_prompt + ld->run.gen_target || ld->run.n_prompt == 0) {
+            fprintf(stderr, "k3: refusing the state file: %s is not a run checkpoint (a chat or snapshot state: use --load-state)\n", lpath);
+            return EXIT_USAGE;
+        }
+        *n = (size_t)ld->run.n_prompt;
+        r->n_gen = ld->n_ids - *n;
+        o->gen = (long)ld->run.gen_target;
+        o->sampling = ld->run.sampling;
+        free(o->stop_ids);
+        o->stop_ids = NULL;
+        o->n_stop_ids = 0;
+        if (ld->run.n_stop_ids && !(o->stop_ids = malloc(ld->run.n_stop_ids * sizeof *o->stop_ids))) return EXIT_USAGE;
+        if (ld->run.n_stop_ids) memcpy(o->stop_ids, ld->run.stop_ids, ld->run.n_stop_ids * sizeof *o->stop_ids);
+        o->n_stop_ids = ld->run.n_stop_ids;
+        if (!o->checkpoint) o->checkpoint = o->resume;
+        if (ld->run.ckpt_every) o->checkpoint_every = (long)ld->run.ckpt_every;
+        ps->text = ld->run.text;
+        int done_already = r->n_gen >= (size_t)o->gen;
+        for (size_t j = 0; r->n_gen > 0 && j < o->n_stop_ids; j++) done_already |= ld->ids[ld->n_ids - 1] == o->stop_ids[j];
+        if (done_already) o->checkpoint = NULL; /* nothing left to run: just report it */
+        fprintf(stderr, "k3: resuming %s: %zu prompt ids, %zu of %ld generated\n", lpath, *n, r->n_gen, o->gen);
+        r->finished = done_already;
+    } else {
+        *hist = ld->n_ids;
+        sampler_config dflt;
+        sampler_config_default(&dflt);
+        if (memcmp(&o->sampling, &dflt, sizeof dflt) == 0) o->sampling = ld->run.sampling; /* continue as saved */
+        else if (o->sampling.seed != dflt.seed) ps->keep_rng = 0;                          /* a new seed: re-seeded */
+        if (!o->n_stop_ids && ld->run.n_stop_ids) {
+            if (!(o->stop_ids = malloc(ld->run.n_stop_ids * sizeof *o->stop_ids))) return EXIT_USAGE;
+            memcpy(o->stop_ids, ld->run.stop_ids, ld->run.n_stop_ids * sizeof *o->stop_ids);
+            o->n_stop_ids = ld->run.n_stop_ids;
+        }
+        if (!sources) ps->text = ld->run.text;
+        if (ld->n_ids - lst->pos + *n == 0 && o->gen > 0) {
+            fprintf(stderr, "k3: refusing the state file: %s has no pending id (saved after --gen 0?): give --ids or "
+                            "--prompt to continue it\n", lpath);
+            return EXIT_USAGE;
+        }
+        r->n_loaded = *hist;
+    }
+    fprintf(stderr, "k3: loaded %s: %zu ids (%zu fed)\n", lpath, ld->n_ids, lst->pos);
+    if (ps->text && !*tok) { /* the saved run printed text: so does its continuation */
+        k3_error te = {0};
+        if (!(*tok = tokenizer_load(o->model_dir, &te))) {
+            fprintf(stderr, "k3: cannot load the tokenizer: %s\n", te.msg);
+            return EXIT_USAGE;
+        }
+        *ri_tok = *tok;
+    }
+    return 0;
+}
+
+/* Step 1: the output paths, then the modes that need no model (--encode/--decode, --list-presets,
+ * --verify, --doctor, --plan-only). Returns 1 and sets *status when one of them ran (or refused). */
+static int other_mode(const options *o, int *status) {
+    k3_error oe = {0};
+    if (outputs_check_paths(o->json_path, o->logits_path, o->trace_path, &oe) ||
+        outputs_check_path("--save-state", o->save_state, &oe) || outputs_check_path("--checkpoint", o->checkpoint, &oe)) {
+        fprintf(stderr, "k3: %s\n", oe.msg);
+        *status = EXIT_USAGE;
+        return 1;
+    }
+    if (o->encode_file || o->decode_file) *status = tokenize_command(o->tok_dir, o->encode_file, o->decode_file, o->no_special);
+    else if (o->list_presets) { list_presets(); *status = EXIT_OK; }
+    else if (o->verify) *status = verify_run(&(verify_options){o->model_dir, o->sha256, o->expect_path, o->json_path, (int)o->threads, 0});
+    else if (o->doctor) *status = doctor_run(&(doctor_options){o->model_dir, o->json_path, o->chunk, o->mem_gb});
+    else if (o->plan_only) *status = plan_only(o);
+    else return 0;
+    *status = outputs_finish(*status);
+    return 1;
+}
+
+/* Step 2: the draft source of speculation (--draft, --draft-rollback); 0, or an exit status. */
+static int open_draft(const options *o, draft_source *draft) {
+    k3_error de = {0};
+    if (draft_open(draft, o->draft, o->draft_ids, o->draft_model, &de)) { fprintf(stderr, "k3: %s\n", de.msg); return EXIT_USAGE; }
+    const char *rb = o->draft_rollback ? o->draft_rollback : "auto";
+    if (strcmp(rb, "auto") && strcmp(rb, "states") && strcmp(rb, "refeed")) {
+        fprintf(stderr, "k3: --draft-rollback wants auto|states|refeed, got '%s'\n", rb);
+        draft_close(draft);
+        return EXIT_USAGE;
+    }
+    if (draft->kind != DRAFT_NONE && (o->chat || o->serve || o->full_recompute)) {
+        fprintf(stderr, "k3: --draft works with --ids/--prompt runs (not yet with --chat, --serve or --full-recompute)\n");
+        draft_close(draft);
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+/* Step 5a (--serve): the HTTP server over the engine; an exit status. */
+static int serve_main(const options *o, engine *en, const tokenizer *tok, const state_fingerprint *fp, run_info *ri) {
+    server_config sc;
+    server_config_default(&sc);
+    sc.host = o->host;
+    sc.port = (int)o->port;
+    sc.api_key = o->api_key;
+    sc.parallel = (size_t)o->parallel;
+    sc.max_queue = (size_t)o->max_queue;
+    sc.chunk = (size_t)o->chunk;
+    sc.max_context = o->max_context ? (size_t)o->max_context : 4096;
+    sc.default_max_tokens = (size_t)o->max_tokens;
+    sc.thinking = o->thinking;
+    sc.tmpl = o->tmpl;
+    sc.snapshot_bytes = (uint64_t)o->snapshot_mb << 20;
+    sc.state_dir = o->state_dir;
+    sc.state_dir_bytes = (uint64_t)(o->state_dir_mb * 1048576.0);
+    sc.fp = fp;
+    sc.timeout_s = (unsigned)o->http_timeout;
+    sc.engine_stats = engine_stats;
+    sc.engine_stats_ctx = ri;
+    k3_error err = {0};
+    int status = server_run(en, tok, &sc, &err);
+    if (status) fprintf(stderr, "k3: %s\n", err.msg);
+    return status;
+}
+
+/* Step 5b (--chat): the REPL over the engine, at the planned context; an exit status. */
+static int chat_main(const options *o, size_t plan_ctx, engine *en, const tokenizer *tok, const state_fingerprint *fp,
+                     snap_store *snaps) {
+    chat_options co;
+    chat_options_default(&co);
+    co.system = o->system;
+    co.thinking = o->thinking;
+    co.tmpl = o->tmpl;
+    co.max_tokens = (size_t)o->max_tokens;
+    co.sampling = o->sampling;
+    co.stop_ids = o->stop_ids;
+    co.n_stop_ids = o->n_stop_ids;
+    co.chunk = (size_t)o->chunk;
+    co.max_context = plan_ctx; /* the planned context: --max-context or the default the plan was sized for */
+    co.fp = fp;
+    co.load_state = o->load_state;
+    co.snaps = snaps;
+    return chat_repl(en, tok, &co, stdin, stdout, stderr);
+}
+
 static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     options o;
     if (cli_parse(argc, argv, &o)) { cli_usage(stderr); return EXIT_USAGE; }
     if (outputs_init()) return EXIT_RUNTIME; /* stdout closed */
-    k3_error oe = {0};
-    if (outputs_check_paths(o.json_path, o.logits_path, o.trace_path, &oe)) { fprintf(stderr, "k3: %s\n", oe.msg); return EXIT_USAGE; }
-    if (outputs_check_path("--save-state", o.save_state, &oe) || outputs_check_path("--checkpoint", o.checkpoint, &oe)) {
-        fprintf(stderr, "k3: %s\n", oe.msg);
-        return EXIT_USAGE;
-    }
-    if (o.encode_file || o.decode_file) return outputs_finish(tokenize_command(o.tok_dir, o.encode_file, o.decode_file, o.no_special));
-    if (o.list_presets) { list_presets(); return outputs_finish(EXIT_OK); }
-    if (o.verify) return outputs_finish(verify_run(&(verify_options){o.model_dir, o.sha256, o.expect_path, o.json_path, (int)o.threads, 0}));
-    if (o.doctor) return outputs_finish(doctor_run(&(doctor_options){o.model_dir, o.json_path, o.chunk, o.mem_gb}));
-    if (o.plan_only) return outputs_finish(plan_only(&o));
+    int early;
+    if (other_mode(&o, &early)) return early;
     draft_source draft;
-    {
-        k3_error de = {0};
-        if (draft_open(&draft, o.draft, o.draft_ids, o.draft_model, &de)) { fprintf(stderr, "k3: %s\n", de.msg); return outputs_finish(EXIT_USAGE); }
-        const char *rb = o.draft_rollback ? o.draft_rollback : "auto";
-        if (strcmp(rb, "auto") && strcmp(rb, "states") && strcmp(rb, "refeed")) {
-            fprintf(stderr, "k3: --draft-rollback wants auto|states|refeed, got '%s'\n", rb);
-            draft_close(&draft);
-            return outputs_finish(EXIT_USAGE);
-        }
-        if (draft.kind != DRAFT_NONE && (o.chat || o.serve || o.full_recompute)) {
-            fprintf(stderr, "k3: --draft works with --ids/--prompt runs (not yet with --chat, --serve or --full-recompute)\n");
-            draft_close(&draft);
-            return outputs_finish(EXIT_USAGE);
-        }
-    }
+    if ((early = open_draft(&o, &draft))) return outputs_finish(early);
     /* Idle OpenMP threads must sleep, not spin: with expert servers the
      * coordinator's cores sit idle while they compute, and on a shared machine a
      * spinning barrier waits for a descheduled thread (measured: 3-4x slower
@@ -784,67 +915,9 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     }
     const char *lpath = o.resume ? o.resume : o.chat ? NULL : o.load_state;
     size_t hist = 0; /* ids before this run's prompt */
-    if (lpath) {
-        if (seq_state_init(&lst, &m.cfg, &err)) { fprintf(stderr, "k3: %s\n", err.msg); status = EXIT_RUNTIME; goto done; }
-        if (state_file_load(lpath, &fp, &m.cfg, o.max_context ? (size_t)o.max_context : (size_t)1 << 30, &lst, &ld, &err)) {
-            fprintf(stderr, "k3: refusing the state file: %s\n", err.msg);
-            goto done;
-        }
-        ps.ld = &ld;
-        ps.lst = &lst;
-        ps.keep_rng = 1;
-        if (o.resume) { /* the run as it was started: its prompt, target, sampler, stop ids */
-            if (ld.run.kind != STATE_KIND_RUN || ld.n_ids > ld.run.n_prompt + ld.run.gen_target || ld.run.n_prompt == 0) {
-                fprintf(stderr, "k3: refusing the state file: %s is not a run checkpoint (a chat or snapshot state: use --load-state)\n", lpath);
-                goto done;
-            }
-            n = (size_t)ld.run.n_prompt;
-            r.n_gen = ld.n_ids - n;
-            o.gen = (long)ld.run.gen_target;
-            o.sampling = ld.run.sampling;
-            free(o.stop_ids);
-            o.stop_ids = NULL;
-            o.n_stop_ids = 0;
-            if (ld.run.n_stop_ids && !(o.stop_ids = malloc(ld.run.n_stop_ids * sizeof *o.stop_ids))) goto done;
-            if (ld.run.n_stop_ids) memcpy(o.stop_ids, ld.run.stop_ids, ld.run.n_stop_ids * sizeof *o.stop_ids);
-            o.n_stop_ids = ld.run.n_stop_ids;
-            if (!o.checkpoint) o.checkpoint = o.resume;
-            if (ld.run.ckpt_every) o.checkpoint_every = (long)ld.run.ckpt_every;
-            ps.text = ld.run.text;
-            int done_already = r.n_gen >= (size_t)o.gen;
-            for (size_t j = 0; r.n_gen > 0 && j < o.n_stop_ids; j++) done_already |= ld.ids[ld.n_ids - 1] == o.stop_ids[j];
-            if (done_already) o.checkpoint = NULL; /* nothing left to run: just report it */
-            fprintf(stderr, "k3: resuming %s: %zu prompt ids, %zu of %ld generated\n", lpath, n, r.n_gen, o.gen);
-            r.finished = done_already;
-        } else {
-            hist = ld.n_ids;
-            sampler_config dflt;
-            sampler_config_default(&dflt);
-            if (memcmp(&o.sampling, &dflt, sizeof dflt) == 0) o.sampling = ld.run.sampling; /* continue as saved */
-            else if (o.sampling.seed != dflt.seed) ps.keep_rng = 0;                          /* a new seed: re-seeded */
-            if (!o.n_stop_ids && ld.run.n_stop_ids) {
-                if (!(o.stop_ids = malloc(ld.run.n_stop_ids * sizeof *o.stop_ids))) goto done;
-                memcpy(o.stop_ids, ld.run.stop_ids, ld.run.n_stop_ids * sizeof *o.stop_ids);
-                o.n_stop_ids = ld.run.n_stop_ids;
-            }
-            if (!sources) ps.text = ld.run.text;
-            if (ld.n_ids - lst.pos + n == 0 && o.gen > 0) {
-                fprintf(stderr, "k3: refusing the state file: %s has no pending id (saved after --gen 0?): give --ids or "
-                                "--prompt to continue it\n", lpath);
-                goto done;
-            }
-            r.n_loaded = hist;
-        }
-        fprintf(stderr, "k3: loaded %s: %zu ids (%zu fed)\n", lpath, ld.n_ids, lst.pos);
-        if (ps.text && !tok) { /* the saved run printed text: so does its continuation */
-            k3_error te = {0};
-            if (!(tok = tokenizer_load(o.model_dir, &te))) {
-                fprintf(stderr, "k3: cannot load the tokenizer: %s\n", te.msg);
-                goto done;
-            }
-            ri.tok = tok;
-        }
-    }
+    if (lpath && (status = take_state_file(&o, lpath, sources, &m, &fp, &lst, &ld, &ps, &r, &n, &hist, &tok, &ri.tok)))
+        goto done;
+    status = EXIT_USAGE;
     size_t total = o.resume ? n : hist + n; /* the prompt of this run (history + appended) */
     if (lpath && o.max_context && total + (size_t)o.gen > (size_t)o.max_context && !r.finished) {
         fprintf(stderr, "k3: refusing the state file: its history of %zu ids%s plus --gen %ld exceeds --max-context %ld\n",
@@ -936,47 +1009,8 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
         en.on_route = trace_route;
         en.on_route_ctx = trace;
     }
-    if (o.serve) {
-        server_config sc;
-        server_config_default(&sc);
-        sc.host = o.host;
-        sc.port = (int)o.port;
-        sc.api_key = o.api_key;
-        sc.parallel = (size_t)o.parallel;
-        sc.max_queue = (size_t)o.max_queue;
-        sc.chunk = (size_t)o.chunk;
-        sc.max_context = o.max_context ? (size_t)o.max_context : 4096;
-        sc.default_max_tokens = (size_t)o.max_tokens;
-        sc.thinking = o.thinking;
-        sc.tmpl = o.tmpl;
-        sc.snapshot_bytes = (uint64_t)o.snapshot_mb << 20;
-        sc.state_dir = o.state_dir;
-        sc.state_dir_bytes = (uint64_t)(o.state_dir_mb * 1048576.0);
-        sc.fp = &fp;
-        sc.timeout_s = (unsigned)o.http_timeout;
-        sc.engine_stats = engine_stats;
-        sc.engine_stats_ctx = &ri;
-        status = server_run(&en, tok, &sc, &err);
-        if (status) fprintf(stderr, "k3: %s\n", err.msg);
-        if (trace) fclose(trace);
-        goto done;
-    }
-    if (o.chat) {
-        chat_options co;
-        chat_options_default(&co);
-        co.system = o.system;
-        co.thinking = o.thinking;
-        co.tmpl = o.tmpl;
-        co.max_tokens = (size_t)o.max_tokens;
-        co.sampling = o.sampling;
-        co.stop_ids = o.stop_ids;
-        co.n_stop_ids = o.n_stop_ids;
-        co.chunk = (size_t)o.chunk;
-        co.max_context = plan_ctx; /* the planned context: --max-context or the default the plan was sized for */
-        co.fp = &fp;
-        co.load_state = o.load_state;
-        co.snaps = snaps;
-        status = chat_repl(&en, tok, &co, stdin, stdout, stderr);
+    if (o.serve || o.chat) {
+        status = o.serve ? serve_main(&o, &en, tok, &fp, &ri) : chat_main(&o, plan_ctx, &en, tok, &fp, snaps);
         if (trace) fclose(trace);
         goto done;
     }

@@ -125,55 +125,19 @@ static void pick(gen_seq *g, gen_event *ev) {
     if (g->on_token) g->on_token(g->on_token_ctx, id, ev->stop);
 }
 
+static int spec_step_batch(engine *en, gen_seq *const *g, size_t n, size_t chunk, int pick_done, const int32_t *const *d,
+                           const size_t *k, const size_t *max_emit, gen_event *const *ev, size_t *n_ev, k3_error *err);
+
 /* One forward_batch over the sequences' pending ids (see gen_step_batch). With pick_done, a
  * sequence whose pending ids are then all fed picks a token; without (gen_feed), nothing is
  * picked and the last row is kept in g->row only when no rows are watched. */
 static int step_batch(engine *en, gen_seq *const *g, size_t n, size_t chunk, int pick_done, gen_event *ev,
                       k3_error *err) {
-    forward_seq fs[GEN_MAX_BATCH];
-    size_t idx[GEN_MAX_BATCH], take[GEN_MAX_BATCH], nf = 0, budget = en->max_rows;
+    gen_event *evp[GEN_MAX_BATCH];
+    size_t n_ev[GEN_MAX_BATCH];
     if (n > GEN_MAX_BATCH) return k3_fail(err, "a batch of %zu sequences: at most %d", n, GEN_MAX_BATCH);
-    if (en->max_rows == 0) return k3_fail(err, "generate: the engine was not initialised (engine_init)");
-    if (chunk == 0) chunk = 1;
-    for (size_t i = 0; i < n; i++) {
-        memset(&ev[i], 0, sizeof ev[i]);
-        gen_seq *s = g[i];
-        if (s->full_recompute && !s->feeding && s->n > 0) seq_state_reset(&s->st, &en->model->cfg);
-        size_t p = gen_seq_pending(s);
-        if (p == 0 || budget == 0) continue;
-        size_t t = p < chunk ? p : chunk;
-        if (t > budget) t = budget;
-        if (s->on_row && t > s->rows_cap) t = s->rows_cap;
-        s->feeding = 1;
-        size_t pos0 = s->st.pos, from = t; /* no logits unless wanted */
-        float *dst = NULL;
-        if (s->on_row) {
-            size_t want = s->rows_next > pos0 ? s->rows_next - pos0 : 0;
-            if (pick_done && t == p && want > t - 1) want = t - 1; /* the pick needs the last row */
-            if (want < t) { from = want; dst = s->rows; }
-        } else if (t == p) {
-            from = t - 1;
-            dst = s->row;
-        }
-        fs[nf] = (forward_seq){&s->st, s->ids + pos0, t, from, dst};
-        idx[nf] = i;
-        take[nf] = t;
-        nf++;
-        budget -= t;
-    }
-    if (forward_batch(en, fs, nf, err)) return -1;
-    for (size_t j = 0; j < nf; j++) {
-        gen_seq *s = g[idx[j]];
-        size_t t = take[j], pos0 = s->st.pos - t;
-        if (s->on_row && fs[j].logits) {
-            for (size_t r = fs[j].logits_from; r < t; r++)
-                if (pos0 + r >= s->rows_next) s->on_row(s->on_row_ctx, pos0 + r, s->rows + (r - fs[j].logits_from) * s->vocab);
-            if (pos0 + t > s->rows_next) s->rows_next = pos0 + t;
-            if (gen_seq_pending(s) == 0) memcpy(s->row, s->rows + (t - 1 - fs[j].logits_from) * s->vocab, s->vocab * sizeof *s->row);
-        }
-        if (pick_done && gen_seq_pending(s) == 0) pick(s, &ev[idx[j]]);
-    }
-    return 0;
+    for (size_t i = 0; i < n; i++) evp[i] = &ev[i];
+    return spec_step_batch(en, g, n, chunk, pick_done, NULL, NULL, NULL, evp, n_ev, err);
 }
 
 int gen_step_batch(engine *en, gen_seq *const *g, size_t n, size_t chunk, gen_event *ev, k3_error *err) {
@@ -245,24 +209,24 @@ int gen_seq_speculate(gen_seq *g, const k3_config *c, size_t k, int per_position
     return 0;
 }
 
-int gen_step_spec(engine *en, gen_seq *g, const int32_t *d, size_t k, size_t max_emit, gen_event *ev, size_t *n_ev,
-                  k3_error *err) {
-    const k3_config *c = &en->model->cfg;
-    *n_ev = 0;
-    if (max_emit == 0) return 0;
-    if (k > max_emit - 1) k = max_emit - 1;          /* picks past max_emit would be thrown away */
-    if (k + 1 > en->max_rows) k = en->max_rows - 1;
-    if (g->n + k > g->cap) k = g->cap - g->n;         /* the context bounds the proposals too */
-    if (g->full_recompute || gen_seq_pending(g) != 1 || k == 0) {
-        *n_ev = 1;
-        return gen_step(en, g, 1, ev, err);
-    }
+/* The proposals a sequence may have verified in this step (0: a plain step for it): one pending
+ * id, no full recompute, room in the rows left, the context and max_emit. */
+static size_t spec_k(const gen_seq *g, size_t k, size_t max_emit, size_t budget) {
+    if (g->full_recompute || gen_seq_pending(g) != 1 || max_emit == 0 || budget < 2) return 0;
+    if (k > max_emit - 1) k = max_emit - 1; /* picks past max_emit would be thrown away */
+    if (k + 1 > budget) k = budget - 1;
+    if (g->n + k > g->cap) k = g->cap - g->n; /* the context bounds the proposals too */
+    return k;
+}
+
+/* Before the verification pass: buffers, the rollback's copy (per-position: the pass writes
+ * them), the proposals after the history. */
+static int spec_begin(gen_seq *g, const k3_config *c, const int32_t *d, size_t k, k3_error *err) {
     for (size_t i = 0; i < k; i++)
         if (d[i] < 0 || (size_t)d[i] >= g->vocab) return k3_fail(err, "draft id %d is outside the vocabulary", d[i]);
     if ((!g->spec_snap || g->spec_rows_cap < k + 1 || (g->spec_per_position && g->spec_copies < k)) &&
         gen_seq_speculate(g, c, k, g->spec_per_position, err))
         return -1;
-    size_t pos0 = g->st.pos, n0 = g->n, rb = seq_state_recurrent_bytes(c);
     if (g->spec_per_position) {
         g->st.keep = g->spec_snap;
         g->st.keep_n = k;
@@ -271,14 +235,20 @@ int gen_step_spec(engine *en, gen_seq *g, const int32_t *d, size_t k, size_t max
     }
     memcpy(g->ids + g->n, d, k * sizeof *d); /* proposals sit past the history while verified */
     g->feeding = 1;
-    int frc = forward_chunk(en, &g->st, g->ids + pos0, k + 1, 0, g->spec_rows, err);
+    return 0;
+}
+
+/* After the pass (the state at pos0 + k + 1, rows in spec_rows): picks as plain decoding (a
+ * failed pick is the last event, with its status), then the rollback to the emitted ids.
+ * -1 with err only when a re-feed pass failed. */
+static int spec_end(engine *en, gen_seq *g, size_t pos0, const int32_t *d, size_t k, size_t max_emit, gen_event *ev,
+                    size_t *n_ev, k3_error *err) {
+    const k3_config *c = &en->model->cfg;
+    size_t n0 = g->n, e = 0, rb = seq_state_recurrent_bytes(c);
     g->st.keep = NULL;
     g->st.keep_n = 0;
-    if (frc) return -1;
     g->spec_passes++;
     g->spec_proposed += k;
-    size_t e = 0;
-    int rc = 0;
     for (size_t i = 0; i <= k; i++) {
         const float *row = g->spec_rows + i * g->vocab;
         if (g->on_row && pos0 + i >= g->rows_next) {
@@ -288,33 +258,134 @@ int gen_step_spec(engine *en, gen_seq *g, const int32_t *d, size_t k, size_t max
         gen_event *x = &ev[e];
         memset(x, 0, sizeof *x);
         memcpy(g->row, row, g->vocab * sizeof *row);
-        g->st.pos = pos0 + i + 1;   /* pick() reads the position it picks at from here */
+        g->st.pos = pos0 + i + 1; /* pick() reads the position it picks at from here */
         g->n = n0 + i;
         pick(g, x);
         if (x->status == GEN_CONTEXT_FULL && e > 0) break; /* the next plain step reports it */
-        if (x->status) { rc = x->status; k3_fail(err, "%s", x->why); break; }
+        if (x->status) { e++; break; }
         e++;
         int match = i < k && x->id == d[i];
         if (match) g->spec_accepted++;
         if (x->stop || e == max_emit || !match) break;
     }
-    /* fed: [pending, picks 0..e-2] = e ids from pos0; the last pick is pending */
-    g->n = n0 + e;
-    if (e == 0 && g->spec_per_position) { /* a failed first pick: the state is undefined (generate.h) */
+    size_t picked = e > 0 && ev[e - 1].status ? e - 1 : e; /* a failed pick is an event, not an id */
+    /* fed: [pending, picks 0..picked-2] = picked ids from pos0; the last pick is pending */
+    g->n = n0 + picked;
+    if (picked == 0 && g->spec_per_position) { /* a failed first pick: the state is undefined (generate.h) */
         g->st.pos = pos0;
-    } else if (e < k + 1 && g->spec_per_position) { /* the state the pass kept after its row e-1 */
-        seq_state_restore_recurrent(&g->st, c, (const char *)g->spec_snap + (e - 1) * rb, pos0 + e);
+    } else if (picked < k + 1 && g->spec_per_position) { /* the state the pass kept after its row picked-1 */
+        seq_state_restore_recurrent(&g->st, c, (const char *)g->spec_snap + (picked - 1) * rb, pos0 + picked);
         g->spec_restores++;
-    } else if (e < k + 1) {
+    } else if (picked < k + 1) {
         seq_state_restore_recurrent(&g->st, c, g->spec_snap, pos0);
-        if (e > 0) {
+        if (picked > 0) {
             g->spec_refeeds++;
-            if (forward_chunk(en, &g->st, g->ids + pos0, e, e, NULL, err)) return -1;
+            if (forward_chunk(en, &g->st, g->ids + pos0, picked, picked, NULL, err)) return -1;
         }
     } else {
         g->st.pos = pos0 + k + 1;
     }
     g->feeding = 0;
     *n_ev = e;
-    return rc;
+    return 0;
+}
+
+/* step_batch with verification passes for the sequences that have proposals (pick_done only). */
+static int spec_step_batch(engine *en, gen_seq *const *g, size_t n, size_t chunk, int pick_done, const int32_t *const *d,
+                           const size_t *k, const size_t *max_emit, gen_event *const *ev, size_t *n_ev, k3_error *err) {
+    forward_seq fs[GEN_MAX_BATCH];
+    size_t idx[GEN_MAX_BATCH], take[GEN_MAX_BATCH], ks[GEN_MAX_BATCH], nf = 0, budget = en->max_rows;
+    if (n > GEN_MAX_BATCH) return k3_fail(err, "a batch of %zu sequences: at most %d", n, GEN_MAX_BATCH);
+    if (en->max_rows == 0) return k3_fail(err, "generate: the engine was not initialised (engine_init)");
+    if (chunk == 0) chunk = 1;
+    for (size_t i = 0; i < n; i++) {
+        memset(&ev[i][0], 0, sizeof ev[i][0]);
+        n_ev[i] = 0;
+        gen_seq *s = g[i];
+        if (s->full_recompute && !s->feeding && s->n > 0) seq_state_reset(&s->st, &en->model->cfg);
+        size_t p = gen_seq_pending(s);
+        if (p == 0 || budget == 0) continue;
+        size_t kk = pick_done && d && d[i] && k[i] ? spec_k(s, k[i], max_emit[i], budget) : 0;
+        if (kk) { /* a verification pass: [pending, d0..d(kk-1)], every row's logits */
+            size_t pos0 = s->st.pos;
+            if (spec_begin(s, &en->model->cfg, d[i], kk, err)) return -1;
+            fs[nf] = (forward_seq){&s->st, s->ids + pos0, kk + 1, 0, s->spec_rows};
+            idx[nf] = i;
+            take[nf] = kk + 1;
+            ks[nf] = kk;
+            nf++;
+            budget -= kk + 1;
+            continue;
+        }
+        size_t t = p < chunk ? p : chunk;
+        if (t > budget) t = budget;
+        if (s->on_row && t > s->rows_cap) t = s->rows_cap;
+        s->feeding = 1;
+        size_t pos0 = s->st.pos, from = t; /* no logits unless wanted */
+        float *dst = NULL;
+        if (s->on_row) {
+            size_t want = s->rows_next > pos0 ? s->rows_next - pos0 : 0;
+            if (pick_done && t == p && want > t - 1) want = t - 1; /* the pick needs the last row */
+            if (want < t) { from = want; dst = s->rows; }
+        } else if (t == p) {
+            from = t - 1;
+            dst = s->row;
+        }
+        fs[nf] = (forward_seq){&s->st, s->ids + pos0, t, from, dst};
+        idx[nf] = i;
+        take[nf] = t;
+        ks[nf] = 0;
+        nf++;
+        budget -= t;
+    }
+    int frc = forward_batch(en, fs, nf, err);
+    for (size_t j = 0; j < nf; j++) { /* no keep pointer outlives the pass */
+        g[idx[j]]->st.keep = NULL;
+        g[idx[j]]->st.keep_n = 0;
+    }
+    if (frc) return -1;
+    for (size_t j = 0; j < nf; j++) {
+        gen_seq *s = g[idx[j]];
+        size_t t = take[j], pos0 = s->st.pos - t;
+        if (ks[j]) {
+            if (spec_end(en, s, pos0, d[idx[j]], ks[j], max_emit[idx[j]], ev[idx[j]], &n_ev[idx[j]], err)) return -1;
+            continue;
+        }
+        if (s->on_row && fs[j].logits) {
+            for (size_t r = fs[j].logits_from; r < t; r++)
+                if (pos0 + r >= s->rows_next) s->on_row(s->on_row_ctx, pos0 + r, s->rows + (r - fs[j].logits_from) * s->vocab);
+            if (pos0 + t > s->rows_next) s->rows_next = pos0 + t;
+            if (gen_seq_pending(s) == 0) memcpy(s->row, s->rows + (t - 1 - fs[j].logits_from) * s->vocab, s->vocab * sizeof *s->row);
+        }
+        if (pick_done && gen_seq_pending(s) == 0) {
+            pick(s, &ev[idx[j]][0]);
+            n_ev[idx[j]] = 1;
+        }
+    }
+    return 0;
+}
+
+int gen_step_spec_batch(engine *en, gen_seq *const *g, size_t n, size_t chunk, const int32_t *const *d, const size_t *k,
+                        const size_t *max_emit, gen_event *const *ev, size_t *n_ev, k3_error *err) {
+    return spec_step_batch(en, g, n, chunk, 1, d, k, max_emit, ev, n_ev, err);
+}
+
+int gen_step_spec(engine *en, gen_seq *g, const int32_t *d, size_t k, size_t max_emit, gen_event *ev, size_t *n_ev,
+                  k3_error *err) {
+    *n_ev = 0;
+    if (max_emit == 0) return 0;
+    if (spec_k(g, k, max_emit, en->max_rows) == 0) {
+        *n_ev = 1;
+        return gen_step(en, g, 1, ev, err);
+    }
+    gen_seq *one[1] = {g};
+    gen_event *evp[1] = {ev};
+    const int32_t *dp[1] = {d};
+    if (gen_step_spec_batch(en, one, 1, 1, dp, &k, &max_emit, evp, n_ev, err)) return -1;
+    for (size_t i = 0; i < *n_ev; i++)
+        if (ev[i].status) {
+            k3_fail(err, "%s", ev[i].why);
+            return ev[i].status;
+        }
+    return 0;
 }

@@ -121,6 +121,17 @@ uint64_t gen_spec_bytes(const k3_config *c, size_t k, int per_position);
 int gen_step_spec(engine *en, gen_seq *g, const int32_t *d, size_t k, size_t max_emit, gen_event *ev, size_t *n_ev,
                   k3_error *err);
 
+/* gen_step_batch with speculation: sequence i with proposals d[i][0..k[i]) (d NULL, d[i] NULL
+ * or k[i] 0: none) and exactly one pending id gets a verification pass of [pending, d...]
+ * (k[i] cut to max_emit[i] - 1, the rows left and the context) in the same ONE forward_batch
+ * as the others' plain steps, and its picks as gen_step_spec makes them: events ev[i][0..n_ev[i])
+ * (room for k[i]+1; a failed pick is the last event, with its status, as in gen_step_batch).
+ * Every other sequence is stepped as by gen_step_batch (ev[i][0], n_ev[i] 0 or 1). Ids and
+ * logits are those of each sequence decoded alone without speculation. -1: the forward (or a
+ * re-feed pass) failed. */
+int gen_step_spec_batch(engine *en, gen_seq *const *g, size_t n, size_t chunk, const int32_t *const *d, const size_t *k,
+                        const size_t *max_emit, gen_event *const *ev, size_t *n_ev, k3_error *err);
+
 /* Feeds ids[0..n) through st in chunks, keeping the logits of positions >= want_from
  * at logits[(p - want_from) * vocab] (tests and tools; generation uses gen_step). */
 int feed_tokens(engine *en, seq_state *st, const int32_t *ids, size_t n, size_t chunk, size_t want_from, float *logits,

@@ -10,7 +10,9 @@
  *     seeded sampling, proposals right / partly right / wrong, k = 1..6: the ids, every logits
  *     row and the state after the run (recurrent part, position) are those of plain decoding;
  *     the per-position rollback makes no extra pass (passes == verification passes), the
- *     re-feed one pass per rejected block with accepted ids. */
+ *     re-feed one pass per rejected block with accepted ids.
+ *   - gen_step_spec_batch: three sequences (greedy and seeded, proposals right / partly wrong,
+ *     both rollbacks) in one forward per step give each one's plain ids and final state. */
 #include "common/kernels.h"
 #include "coordinator/experts_local.h"
 #include "coordinator/generate.h"
@@ -155,6 +157,89 @@ static void test_spec(test_engine *te, const char *name) {
     free(s1);
 }
 
+/* gen_step_spec_batch: 3 sequences (other prompts, greedy / seeded, proposals right / every 2nd
+ * wrong / none; states and re-feed rollback mixed) stepped together in one forward per step
+ * give each one's plain ids and final state. */
+static void test_spec_batch(test_engine *te, const char *name) {
+    const k3_config *c = &te->m.cfg;
+    k3_error err = {0};
+    size_t rb = seq_state_recurrent_bytes(c), cap = NP + NGEN, V = (size_t)c->vocab_size;
+    enum { NS = 3 };
+    gen_seq gs[NS];
+    int32_t want[NS][NGEN], got[NS][NGEN];
+    size_t ngot[NS] = {0};
+    char *sa = malloc(rb + 1), *sb = malloc(rb + 1);
+    if (!sa || !sb) die("out of memory");
+    for (int i = 0; i < NS; i++) {
+        sampler_config sc;
+        sampler_config_default(&sc);
+        if (i == 1) { sc.temperature = 0.8; sc.seed = 5; }
+        int32_t p[NP];
+        prompt_of(c->vocab_size - 3 * i, p);
+        for (int pass = 0; pass < 2; pass++) { /* 0: alone, plain; 1: in the batch */
+            if (gen_seq_init(&gs[i], c, &sc, NULL, 0, cap, &err) || gen_seq_push(&gs[i], p, NP, &err)) die(err.msg);
+            if (pass == 1) {
+                if (gen_seq_speculate(&gs[i], c, 4, i != 2, &err)) die(err.msg);
+                break;
+            }
+            for (size_t n = 0; n < NGEN; n++) {
+                gen_event ev;
+                if (gen_step(&te->en, &gs[i], 16, &ev, &err)) die(err.msg);
+                want[i][n] = ev.id;
+            }
+            if (gen_feed(&te->en, &gs[i], 16, &err)) die(err.msg);
+            gen_seq_free(&gs[i]);
+        }
+    }
+    for (int guard = 0; guard < 200; guard++) {
+        gen_seq *b[NS];
+        int32_t dd[NS][4];
+        const int32_t *dp[NS];
+        size_t kk[NS], me[NS], nev[NS], map[NS], nb = 0;
+        gen_event evs[NS][5];
+        gen_event *evp[NS];
+        for (int i = 0; i < NS; i++) {
+            if (ngot[i] >= NGEN) continue;
+            map[nb] = (size_t)i;
+            b[nb] = &gs[i];
+            kk[nb] = 0;
+            if (ngot[i] > 0 && i != 1)
+                for (; kk[nb] < 4 && ngot[i] + kk[nb] < NGEN; kk[nb]++) {
+                    size_t at = ngot[i] + kk[nb];
+                    dd[nb][kk[nb]] = i == 2 && at % 2 ? (want[i][at] + 1) % (int32_t)V : want[i][at];
+                }
+            if (i == 1 && ngot[i] > 0) { kk[nb] = 3; for (int q = 0; q < 3; q++) dd[nb][q] = want[i][(ngot[i] + (size_t)q) % NGEN]; }
+            dp[nb] = dd[nb];
+            me[nb] = NGEN - ngot[i];
+            evp[nb] = evs[nb];
+            nb++;
+        }
+        if (nb == 0) break;
+        if (gen_step_spec_batch(&te->en, b, nb, 16, dp, kk, me, evp, nev, &err)) die(err.msg);
+        for (size_t j = 0; j < nb; j++)
+            for (size_t e = 0; e < nev[j]; e++) {
+                CHECK(evs[j][e].status == 0 && evs[j][e].picked, "%s batch: event status %d", name, evs[j][e].status);
+                if (ngot[map[j]] < NGEN) got[map[j]][ngot[map[j]]++] = evs[j][e].id;
+            }
+    }
+    for (int i = 0; i < NS; i++) {
+        CHECK(ngot[i] == NGEN && !memcmp(got[i], want[i], sizeof want[i]), "%s batch: sequence %d ids differ", name, i);
+        if (gen_feed(&te->en, &gs[i], 16, &err)) die(err.msg);
+        seq_state_save_recurrent(&gs[i].st, c, sa);
+        /* the plain state after the same ids, fed alone */
+        seq_state st;
+        if (seq_state_init(&st, c, &err)) die(err.msg);
+        if (feed_tokens(&te->en, &st, gs[i].ids, gs[i].n, 16, gs[i].n, NULL, &err)) die(err.msg);
+        seq_state_save_recurrent(&st, c, sb);
+        CHECK(st.pos == gs[i].st.pos && !memcmp(sa, sb, rb), "%s batch: sequence %d final state differs", name, i);
+        CHECK(i == 1 || gs[i].spec_passes > 0, "%s batch: sequence %d never speculated", name, i);
+        seq_state_free(&st);
+        gen_seq_free(&gs[i]);
+    }
+    free(sa);
+    free(sb);
+}
+
 int main(void) {
     const char *models[] = {"tests/models/m13", "tests/models/m14b12"};
     for (size_t i = 0; i < 2; i++) {
@@ -162,6 +247,7 @@ int main(void) {
         test_engine_open(&te, models[i], 16, 256);
         test_keep(&te, models[i]);
         test_spec(&te, models[i]);
+        test_spec_batch(&te, models[i]);
         test_engine_close(&te);
     }
     return check_report("test_spec");

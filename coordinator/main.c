@@ -633,7 +633,7 @@ static int make_plan(const options *o, const k3_config *cfg, const k3_model *m, 
      * (auto) the budget does not hold them, then one copy and a re-feed */
     size_t spec_k = (o->draft && strcmp(o->draft, "none")) || o->draft_model ? (size_t)o->draft_max : 0;
     const char *rb = o->draft_rollback ? o->draft_rollback : "auto";
-    plan_spec sp = {spec_k, strcmp(rb, "refeed") != 0, 0};
+    plan_spec sp = {spec_k, strcmp(rb, "refeed") != 0, 0, o->serve ? (size_t)o->parallel : 1};
     if (o->draft_model && draft_model_plan_bytes(o->draft_model, (size_t)o->chunk, ctx + spec_k, &sp.draft_model_bytes, err))
         return -1;
     if (plan_make_spec(plan, cfg, m, budget, n_workers, (size_t)o->chunk, ctx, &sp, err)) {
@@ -770,8 +770,9 @@ static int open_draft(const options *o, draft_source *draft) {
         draft_close(draft);
         return EXIT_USAGE;
     }
-    if (draft->kind != DRAFT_NONE && (o->chat || o->serve || o->full_recompute)) {
-        fprintf(stderr, "k3: --draft works with --ids/--prompt runs (not yet with --chat, --serve or --full-recompute)\n");
+    if (draft->kind != DRAFT_NONE && (o->chat || o->full_recompute || (o->serve && draft->kind != DRAFT_NGRAM))) {
+        fprintf(stderr, "k3: --draft works with --ids/--prompt runs and --serve --draft ngram (not yet with --chat, "
+                        "--full-recompute, or another draft in --serve)\n");
         draft_close(draft);
         return EXIT_USAGE;
     }
@@ -788,6 +789,8 @@ static int serve_main(const options *o, engine *en, const tokenizer *tok, const 
     sc.parallel = (size_t)o->parallel;
     sc.max_queue = (size_t)o->max_queue;
     sc.chunk = (size_t)o->chunk;
+    sc.draft_max = ri->draft && ri->draft->kind == DRAFT_NGRAM ? (size_t)o->draft_max : 0;
+    sc.draft_per_position = ri->plan->spec_per_position;
     sc.max_context = o->max_context ? (size_t)o->max_context : 4096;
     sc.default_max_tokens = (size_t)o->max_tokens;
     sc.thinking = o->thinking;

@@ -96,7 +96,8 @@ int plan_make_spec(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t 
     if (sp && sp->k) {
         p->spec_k = sp->k;
         p->spec_per_position = sp->per_position;
-        p->spec_bytes = gen_spec_bytes(c, sp->k, sp->per_position);
+        p->spec_seqs = sp->seqs ? sp->seqs : 1;
+        p->spec_bytes = p->spec_seqs * gen_spec_bytes(c, sp->k, sp->per_position);
         p->draft_model_bytes = sp->draft_model_bytes;
     }
     p->budget = budget;
@@ -208,7 +209,8 @@ void plan_print(const mem_plan *p, const k3_config *c, FILE *f) {
             p->state_bytes / MIB, p->max_context);
     fprintf(f, "  scratch                %12.1f MiB  (activations of a %zu-token chunk)\n", p->scratch_bytes / MIB, p->chunk);
     if (p->spec_k)
-        fprintf(f, "  speculation            %12.1f MiB  (%zu logits rows; %s)\n", p->spec_bytes / MIB, p->spec_k + 1,
+        fprintf(f, "  speculation            %12.1f MiB  (%zu x %zu logits rows; %s)\n", p->spec_bytes / MIB, p->spec_seqs,
+                p->spec_k + 1,
                 p->spec_per_position ? "the state after each proposal: rollback without a pass"
                                      : "one state copy: rollback re-feeds the accepted ids");
     if (p->draft_model_bytes)

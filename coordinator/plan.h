@@ -42,6 +42,7 @@ typedef struct {
     uint64_t expert_cache_per_worker;   /* per server, or the in-process cache */
     uint64_t floor, total;
     size_t spec_k;                      /* speculation: proposals per pass (0: none) */
+    size_t spec_seqs;                   /* sequences with speculation buffers (--serve: slots) */
     int spec_per_position;              /* rollback from per-position states (else re-feed) */
     uint64_t spec_bytes;                /* k+1 logits rows and the state copies (gen_spec_bytes) */
     uint64_t draft_model_bytes;         /* --draft-model: its weights, state and scratch, resident */
@@ -58,6 +59,7 @@ typedef struct {
     size_t k;
     int per_position;
     uint64_t draft_model_bytes;  /* draft_model_plan_bytes, 0 without --draft-model */
+    size_t seqs;                 /* sequences speculating at once (--serve: --parallel); 0 = 1 */
 } plan_spec;
 /* plan_make with speculation (sp NULL or k 0: none, = plan_make); its buffers and a draft
  * model are more fixed lines ("speculation", "draft model"), in the floor. */

@@ -1,5 +1,6 @@
 /* scheduler.c - slots, queue and batched steps of the server (contract: scheduler.h). */
 #include "coordinator/scheduler.h"
+#include "coordinator/draft.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -45,7 +46,7 @@ void gen_request_release(gen_request *r) {
 /* A slot: one gen_seq (state, sampler, stop ids, id history, logits row) and the request it
  * serves. The step (generate.h) feeds, picks and streams; the scheduler only chooses who is in
  * the step and acts on the events. */
-#define SCHED_EVENTS 1 /* picks one step may make for one slot (1 + draft length with speculation) */
+#define SCHED_EVENTS 64 /* picks one step may make for one slot (1 + draft length with speculation) */
 typedef struct {
     scheduler *s;
     gen_seq g;
@@ -74,6 +75,7 @@ struct scheduler {
     pthread_t th;
     int th_ok, stop;
     sched_stats stats;
+    uint64_t step_spec[3]; /* the last step's verification passes, proposals, acceptances */
 };
 
 static void finish(gen_request *r, int why, const char *msg) {
@@ -305,12 +307,38 @@ static void admit(scheduler *s) {
  * past max_tokens streams through on_token; a slot whose request ended on an event ignores the
  * events after it). */
 static int step(scheduler *s, size_t n, k3_error *err) {
-    int rc = gen_step_batch(s->en, s->batch, n, s->cfg.chunk, s->batch_ev, err);
+    draft_source ngram = {.kind = DRAFT_NGRAM};
+    int32_t prop[GEN_MAX_BATCH][SCHED_EVENTS - 1];
+    const int32_t *d[GEN_MAX_BATCH] = {0};
+    size_t k[GEN_MAX_BATCH] = {0}, max_emit[GEN_MAX_BATCH] = {0}, n_ev[GEN_MAX_BATCH];
+    gen_event *ev[GEN_MAX_BATCH] = {0};
+    uint64_t p0 = 0, q0 = 0, a0 = 0;
     for (size_t j = 0; j < n; j++) {
         slot *sl = &s->slots[s->batch_slot[j]];
-        sl->ev[0] = s->batch_ev[j];
-        sl->n_ev = rc ? 0 : 1;
+        gen_request *r = sl->req;
+        k[j] = 0;
+        d[j] = prop[j];
+        ev[j] = sl->ev;
+        max_emit[j] = r && r->max_tokens > r->n_out ? r->max_tokens - r->n_out : 1; /* n_out grows on this thread only */
+        if (s->cfg.draft_max && r && r->n_force == 0 && sl->g.st.pos >= sl->prompt_end && gen_seq_pending(&sl->g) == 1) {
+            k3_error de = {0};
+            draft_propose(&ngram, sl->g.ids, sl->g.n, 0, prop[j], s->cfg.draft_max, &k[j], &de);
+        }
+        p0 += sl->g.spec_passes;
+        q0 += sl->g.spec_proposed;
+        a0 += sl->g.spec_accepted;
     }
+    int rc = gen_step_spec_batch(s->en, s->batch, n, s->cfg.chunk, d, k, max_emit, ev, n_ev, err);
+    for (size_t j = 0; j < n; j++) { /* the step's counters; into stats under s->mu by the loop */
+        slot *sl = &s->slots[s->batch_slot[j]];
+        sl->n_ev = rc ? 0 : n_ev[j];
+        p0 -= sl->g.spec_passes;
+        q0 -= sl->g.spec_proposed;
+        a0 -= sl->g.spec_accepted;
+    }
+    s->step_spec[0] = -p0;
+    s->step_spec[1] = -q0;
+    s->step_spec[2] = -a0;
     return rc;
 }
 
@@ -412,6 +440,9 @@ static void *loop(void *arg) {
         double dt = now_s() - t0;
         pthread_mutex_lock(&s->mu);
         s->stats.steps++;
+        s->stats.spec_passes += s->step_spec[0];
+        s->stats.spec_proposed += s->step_spec[1];
+        s->stats.spec_accepted += s->step_spec[2];
         s->stats.forward_s += dt;
         for (size_t j = 0; j < n; j++) {
             slot *sl = &s->slots[s->batch_slot[j]];
@@ -446,6 +477,10 @@ static void *loop(void *arg) {
 }
 
 scheduler *sched_create(engine *en, const sched_config *cfg, k3_error *err) {
+    if (cfg->draft_max > SCHED_EVENTS - 1) {
+        k3_fail(err, "scheduler: at most %d proposals per step (--draft-max %zu)", SCHED_EVENTS - 1, cfg->draft_max);
+        return NULL;
+    }
     if (cfg->parallel < 1 || cfg->max_queue < 1 || cfg->chunk < 1 || cfg->max_context < 2) {
         k3_fail(err, "scheduler: parallel, max_queue and chunk must be at least 1, max_context at least 2");
         return NULL;
@@ -485,6 +520,10 @@ scheduler *sched_create(engine *en, const sched_config *cfg, k3_error *err) {
             return NULL;
         }
         sl->g_ok = 1;
+        if (cfg->draft_max && gen_seq_speculate(&sl->g, &en->model->cfg, cfg->draft_max, cfg->draft_per_position, err)) {
+            sched_destroy(s);
+            return NULL;
+        }
         sl->g.on_token = on_token;
         sl->g.on_token_ctx = sl;
     }

@@ -96,11 +96,17 @@ typedef struct scheduler scheduler;
 typedef struct {
     size_t parallel, max_queue, chunk, max_context;
     snap_store *snaps; /* NULL: none; used by the scheduler thread only */
+    /* speculation (--serve --draft ngram): up to draft_max n-gram proposals per decoding slot and
+     * step, verified in the step's one forward (gen_step_spec_batch); 0 = off. The ids, logprobs
+     * and finish of every request are those without it. Not for a request with forced ids. */
+    size_t draft_max;
+    int draft_per_position; /* rollback from per-position states (else snapshot + re-feed) */
 } sched_config;
 
 typedef struct {
     size_t active, queued, parallel;
     uint64_t steps, tokens_prefilled, tokens_generated, prefix_tokens_reused, snapshot_tokens_restored, batch_rows;
+    uint64_t spec_passes, spec_proposed, spec_accepted; /* speculation: verification passes, proposals, accepted */
     double forward_s;
     snap_stats snap;  /* the snapshot store's counters (copied on the scheduler thread) */
 } sched_stats;

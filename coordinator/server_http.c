@@ -844,6 +844,9 @@ static enum MHD_Result metrics_page(server *sv, struct MHD_Connection *c) {
     P("# TYPE k3_slots gauge\nk3_slots %zu\n", ss.parallel);
     P("# TYPE k3_steps_total counter\nk3_steps_total %llu\n", (unsigned long long)ss.steps);
     P("# TYPE k3_step_rows_total counter\nk3_step_rows_total %llu\n", (unsigned long long)ss.batch_rows);
+    P("# TYPE k3_spec_passes_total counter\nk3_spec_passes_total %llu\n", (unsigned long long)ss.spec_passes);
+    P("# TYPE k3_spec_proposed_total counter\nk3_spec_proposed_total %llu\n", (unsigned long long)ss.spec_proposed);
+    P("# TYPE k3_spec_accepted_total counter\nk3_spec_accepted_total %llu\n", (unsigned long long)ss.spec_accepted);
     P("# TYPE k3_forward_seconds_total counter\nk3_forward_seconds_total %.6f\n", ss.forward_s);
     P("# TYPE k3_prefill_tokens_total counter\nk3_prefill_tokens_total %llu\n", (unsigned long long)ss.tokens_prefilled);
     P("# HELP k3_prefix_tokens_reused_total Prompt ids not fed because a slot's kept state or a snapshot had them.\n"
@@ -1012,7 +1015,7 @@ int server_run(engine *en, const tokenizer *tok, const server_config *cfg, k3_er
     sigaddset(&set, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     status = 1;
-    sched_config sc = {cfg->parallel, cfg->max_queue, cfg->chunk, cfg->max_context, NULL};
+    sched_config sc = {cfg->parallel, cfg->max_queue, cfg->chunk, cfg->max_context, NULL, cfg->draft_max, cfg->draft_per_position};
     if (cfg->state_dir && !cfg->fp) {
         k3_fail(err, "serve: a state directory needs the model's fingerprint");
         goto out;

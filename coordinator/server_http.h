@@ -50,6 +50,8 @@ typedef struct {
     uint64_t state_dir_bytes;      /* cap of the files in state_dir */
     const state_fingerprint *fp;   /* the model's (keys the disk snapshots); needed with state_dir */
     unsigned timeout_s;            /* idle connection timeout */
+    size_t draft_max;              /* --draft ngram: proposals per decoding slot and step (0 = off; sched_config) */
+    int draft_per_position;        /* the plan's rollback */
     void (*engine_stats)(void *ctx, server_engine_stats *st);
     void *engine_stats_ctx;
 } server_config;

@@ -83,6 +83,36 @@ rm "$T/othertok/tokenizer_config.json"; { cat tests/models/m13/tokenizer_config.
 "$K3" $M --ids $P --gen 3 --draft ngram --draft-model tests/models/m13 2>/dev/null; [ $? -eq 2 ] || bad "--draft ngram with --draft-model must exit 2"
 "$K3" $M --ids $P --gen 3 --draft model 2>/dev/null; [ $? -eq 2 ] || bad "--draft model without --draft-model must exit 2"
 
+# --serve --draft ngram: greedy and seeded requests (3 at once over 2 slots) give the same
+# completions, logprobs and finish reasons as a server without speculation
+serve_run() { # NAME ARGS...: starts, sends the requests, stops; bodies in $T/NAME.*.json
+  local name=$1; shift
+  "$K3" $M --serve --port 0 --parallel 2 --max-context 256 "$@" > /dev/null 2> "$T/$name.err" &
+  local pid=$! url=""
+  for _ in $(seq 1 200); do url=$(sed -n 's/.*serving on \(http:[^ ]*\).*/\1/p' "$T/$name.err"); [ -n "$url" ] && break; sleep 0.1; done
+  [ -n "$url" ] || { cat "$T/$name.err"; bad "$name: server did not start"; kill $pid; return; }
+  for i in 1 2 3; do
+    body='{"prompt":"ab ab ab ab ab ab ab ab ab","max_tokens":24,"logprobs":2'
+    [ $i = 2 ] && body="$body"',"temperature":0.8,"seed":5'
+    [ $i = 3 ] && body="$body"',"temperature":0'
+    curl -s "$url/v1/completions" -H 'Content-Type: application/json' -d "$body}" > "$T/$name.$i.json" &
+  done
+  wait $(jobs -p | grep -v "^$pid$") 2>/dev/null
+  curl -s "$url/metrics" > "$T/$name.metrics"
+  kill -TERM $pid; wait $pid
+}
+serve_run plain
+serve_run spec --draft ngram --draft-max 4
+for i in 1 2 3; do
+  "${PYTHON:-/usr/bin/python3}" - "$T/plain.$i.json" "$T/spec.$i.json" <<'PY' || bad "--serve --draft ngram: request $i differs"
+import json, sys
+a, b = (json.load(open(x))["choices"][0] for x in sys.argv[1:])
+assert a["text"] == b["text"] and a["finish_reason"] == b["finish_reason"] and a.get("logprobs") == b.get("logprobs"), (a, b)
+PY
+done
+grep -q "^k3_spec_passes_total [1-9]" "$T/spec.metrics" || bad "--serve --draft ngram: no verification pass in /metrics"
+"$K3" $M --serve --port 0 --draft ids --draft-ids "$T/good.ids" 2>/dev/null; [ $? -eq 2 ] || bad "--serve --draft ids must exit 2"
+
 # a stop id inside an accepted run ends it there; --gen bounds it
 run --workers 0 > "$T/base.ids"
 tr ' ' '\n' < "$T/base.ids" > "$T/good.ids"

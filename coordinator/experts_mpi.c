@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { TAG_HELLO = 1, TAG_VERDICT, TAG_REQ, TAG_RESP, TAG_ERR, TAG_STOP };
+enum { TAG_HELLO = 1, TAG_VERDICT, TAG_REQ, TAG_RESP, TAG_ERR, TAG_STOP, TAG_BEAT };
 #define REQ_MAGIC 0x4b33524bu /* "K3RK" */
 #define HOST_MAX 64
 #define SHARD_NAME_MAX 200
@@ -183,9 +183,41 @@ static uint64_t owned_bytes_per_server(const expert_store *st, const k3_config *
     return most * expert_cache_slot_bytes(st);
 }
 
+/* Heartbeats: while a request is being computed (cache misses read, experts computed, local
+ * servers making progress) the rank tells rank 0 it is alive, at most every `every` s, so a
+ * long request is not mistaken for a lost rank. */
+typedef struct {
+    expert_source inner;
+    double last, every;
+} beater;
+
+static void beat(void *ctx) {
+    beater *b = ctx;
+    double t = now_s();
+    if (t - b->last < b->every) return;
+    b->last = t;
+    MPI_Send(NULL, 0, MPI_BYTE, 0, TAG_BEAT, MPI_COMM_WORLD);
+}
+static int beat_acquire(void *ctx, int layer, int expert, expert_weights *w, k3_error *err) {
+    beater *b = ctx;
+    beat(b);
+    return b->inner.acquire(b->inner.ctx, layer, expert, w, err);
+}
+static void beat_release(void *ctx, int layer, int expert) {
+    beater *b = ctx;
+    b->inner.release(b->inner.ctx, layer, expert);
+}
+static int beat_prefetch(void *ctx, int layer, const int32_t *experts, size_t n, k3_error *err) {
+    beater *b = ctx;
+    beat(b);
+    int rc = b->inner.prefetch ? b->inner.prefetch(b->inner.ctx, layer, experts, n, err) : 0;
+    beat(b);
+    return rc;
+}
+
 /* Expert rank with --workers N: N k3-expertd servers behind it, placed on this host's nodes. */
 static int start_local_servers(const mpi_options *o, const k3_config *cfg, const expert_store *st, const owner_ctx *own,
-                               expert_backend *pool, k3_error *err) {
+                               beater *bt, expert_backend *pool, k3_error *err) {
     if (workers_pool_check_group(cfg, own->me, own->n, o->workers, err)) return -1;
     k3_topology topo = {0};
     placement pl = {0};
@@ -208,6 +240,8 @@ static int start_local_servers(const mpi_options *o, const k3_config *cfg, const
         po.policy = o->policy ? o->policy : cache_policy_name(CACHE_POLICY_DEFAULT);
         po.group = own->me;
         po.n_groups = own->n;
+        po.on_progress = beat;
+        po.progress_ctx = bt;
         rc = workers_pool_create(pool, cfg, o->model_dir, &po, err);
     }
     placement_free(&pl);
@@ -227,6 +261,7 @@ int experts_mpi_serve(const mpi_options *o) {
     expert_backend pool = {0};
     k3_error err = {0};
     int opened = 0, stored = 0;
+    beater bt = {.every = o->timeout_ms > 0 ? (o->timeout_ms / 4 < 100 ? o->timeout_ms / 4 : 100) / 1000.0 : 0.1};
     char host[HOST_MAX] = {0};
     gethostname(host, HOST_MAX - 1);
     if (o->threads > 0) omp_set_num_threads(o->threads);
@@ -241,7 +276,7 @@ int experts_mpi_serve(const mpi_options *o) {
         config_free(&cfg);
     } else {
         stored = 1;
-        if (o->workers > 0 ? start_local_servers(o, &cfg, &store, &own, &pool, &err) == 0
+        if (o->workers > 0 ? start_local_servers(o, &cfg, &store, &own, &bt, &pool, &err) == 0
                            : (cache = expert_cache_create(&store, &ck, o->cache_bytes ? o->cache_bytes : owned_bytes(&store, &cfg),
                                                           -1, &err)) != NULL)
             opened = 1;
@@ -316,9 +351,11 @@ int experts_mpi_serve(const mpi_options *o) {
         if (!bad) {
             double t0 = now_s();
             int rc;
+            bt.last = t0;
             if (pool.run) rc = pool.run(&pool, hd.layer, z, hd.ntok, pt, pe, hd.npairs, (float *)resp, &e);
             else {
-                expert_source src = expert_cache_source(cache);
+                bt.inner = expert_cache_source(cache);
+                expert_source src = {beat_acquire, beat_release, beat_prefetch, &bt};
                 rc = expert_batch_run(k, &src, store.L, store.I, cfg.situ_beta, cfg.situ_linear_beta, hd.layer, z, hd.ntok, pt,
                                       pe, hd.npairs, (float *)resp, &e);
             }
@@ -362,6 +399,7 @@ typedef struct {
     int32_t *tokmap;            /* [max_tok] */
     MPI_Request *sreq, *rreq;
     mpi_rank_stats *stats, *mark;  /* [n]: totals, and the totals at experts_mpi_mark */
+    double *deadline;           /* [n]: when a silent rank has failed */
     mpi_exchange_stats x, xmark;
 } mpi_impl;
 
@@ -373,7 +411,7 @@ static void mpi_destroy(expert_backend *b) {
         if (mi->resp) free(mi->resp[r]);
         if (mi->idx) free(mi->idx[r]);
     }
-    free(mi->req); free(mi->resp); free(mi->idx); free(mi->tokmap); free(mi->sreq); free(mi->rreq); free(mi->stats); free(mi->mark);
+    free(mi->req); free(mi->resp); free(mi->idx); free(mi->tokmap); free(mi->sreq); free(mi->rreq); free(mi->stats); free(mi->mark); free(mi->deadline);
     free(mi);
     b->impl = NULL;
 }
@@ -422,7 +460,8 @@ static int mpi_run(expert_backend *b, int layer, const float *zlat, size_t ntok,
         mi->stats[r].bytes_sent += bytes;
         active++;
     }
-    double deadline = now_s() + mi->timeout_ms / 1000.0, slowest = 0;
+    double slowest = 0, start = now_s();
+    for (int r = 0; r < mi->n; r++) mi->deadline[r] = start + mi->timeout_ms / 1000.0;
     int done_all = 0;
     idle_wait iw;
     idle_init(&iw);
@@ -442,6 +481,15 @@ static int mpi_run(expert_backend *b, int layer, const float *zlat, size_t ntok,
             got = 1;
             int count = 0;
             MPI_Get_count(&st, MPI_BYTE, &count);
+            if (st.MPI_TAG == TAG_BEAT) { /* alive and computing: a new deadline, listen again */
+                mi->stats[r].beats++;
+                mi->deadline[r] = now_s() + mi->timeout_ms / 1000.0;
+                if (MPI_Irecv(mi->resp[r], (int)(mi->max_tok * mi->K * L * 4 + 1200), MPI_BYTE, r + 1, MPI_ANY_TAG, MPI_COMM_WORLD,
+                              &mi->rreq[r]) != MPI_SUCCESS)
+                    return k3_fail(err, "MPI could not receive from expert rank %d (%s)", r + 1, mi->stats[r].host);
+                done_all = 0;
+                continue;
+            }
             if (st.MPI_TAG == TAG_ERR) {
                 ((char *)mi->resp[r])[count > 0 ? count - 1 : 0] = 0;
                 return k3_fail(err, "%s", (char *)mi->resp[r]);
@@ -459,9 +507,10 @@ static int mpi_run(expert_backend *b, int layer, const float *zlat, size_t ntok,
             mi->stats[r].bytes_received += (uint64_t)count;
             for (size_t j = 0; j < np[r]; j++) memcpy(out + (size_t)mi->idx[r][j] * L, mi->resp[r] + j * L, L * 4);
         }
-        if (!done_all && now_s() > deadline) {
+        if (!done_all) {
+            double now = now_s();
             for (int r = 0; r < mi->n; r++)
-                if (mi->rreq[r] != MPI_REQUEST_NULL)
+                if (mi->rreq[r] != MPI_REQUEST_NULL && now > mi->deadline[r])
                     return k3_fail(err, "expert rank %d on host %s did not answer within %d ms (lost host or rank?)", r + 1,
                                    mi->stats[r].host, mi->timeout_ms);
         }
@@ -501,7 +550,8 @@ int experts_mpi_create(expert_backend *b, k3_model *m, const mpi_options *o, k3_
     mi->rreq = calloc(n, sizeof *mi->rreq);
     mi->stats = calloc(n, sizeof *mi->stats);
     mi->mark = calloc(n, sizeof *mi->mark);
-    if (!mi->req || !mi->resp || !mi->idx || !mi->tokmap || !mi->sreq || !mi->rreq || !mi->stats || !mi->mark)
+    mi->deadline = calloc(n, sizeof *mi->deadline);
+    if (!mi->req || !mi->resp || !mi->idx || !mi->tokmap || !mi->sreq || !mi->rreq || !mi->stats || !mi->mark || !mi->deadline)
         return k3_fail(err, "out of memory");
     for (size_t r = 0; r < n; r++) {
         mi->req[r] = malloc(sizeof(req_head) + mi->max_tok * mi->L * 4 + maxp * 8);
@@ -601,6 +651,7 @@ int experts_mpi_stats(const expert_backend *b, int rank, int since_mark, mpi_ran
         s->bytes_received -= m->bytes_received;
         s->wait_s -= m->wait_s;
         s->compute_s -= m->compute_s;
+        s->beats -= m->beats;
     }
     return 0;
 }

@@ -30,10 +30,14 @@
  * 200 us while nothing arrives (K3_MPI_POLL=spin restores spinning, for measurements).
  *
  * Faults: Open MPI 4.1 cannot survive a lost rank (ULFM is 5.x). Errors are returned
- * (MPI_ERRORS_RETURN); a rank that does not answer within the timeout is reported with its
- * rank and host, the run fails (exit 1, no token printed after the last complete one) and
- * experts_mpi_abort ends every rank (MPI_Abort), so no rank is orphaned; `--checkpoint`
- * keeps the state to `--resume` from. */
+ * (MPI_ERRORS_RETURN). While it computes a request, a rank sends rank 0 an empty heartbeat
+ * (tag BEAT) at most every min(100 ms, timeout / 4): on every expert it acquires, around the
+ * cache's parallel miss reads, and whenever one of its local servers shows progress; so a
+ * long request (cold cache, big prefill chunk) is not a lost rank. A rank silent for the
+ * timeout (no answer, no heartbeat) is reported with its rank and host, the run fails
+ * (exit 1, no token printed after the last complete one) and experts_mpi_finish ends every
+ * rank (MPI_Abort), so no rank is orphaned; `--checkpoint` keeps the state to `--resume`
+ * from. */
 #ifndef K3_EXPERTS_MPI_H
 #define K3_EXPERTS_MPI_H
 
@@ -61,6 +65,7 @@ int experts_mpi_create(expert_backend *b, k3_model *m, const mpi_options *o, k3_
 /* Rank 0: per-rank stats for --json. A message is a request or its answer. */
 typedef struct {
     uint64_t requests, bytes_sent, bytes_received;
+    uint64_t beats;          /* heartbeats received (not counted as messages above) */
     double wait_s;           /* from sending its request to having its answer */
     double compute_s;        /* what the rank reported computing */
     int servers;             /* its local servers (0: it computes in-process) */

@@ -294,6 +294,7 @@ static json_t *mpi_json(const expert_backend *eb, size_t n_dec) {
         json_object_set_new(w, "bytes_received", json_integer((json_int_t)t.bytes_received));
         json_object_set_new(w, "wait_s", json_real(t.wait_s));
         json_object_set_new(w, "compute_s", json_real(t.compute_s));
+        json_object_set_new(w, "heartbeats", json_integer((json_int_t)t.beats));
         json_object_set_new(w, "decode_messages_per_token", json_real(2.0 * (double)d.requests * per));
         json_object_set_new(w, "decode_bytes_per_token", json_real((double)(d.bytes_sent + d.bytes_received) * per));
         json_object_set_new(w, "decode_compute_s_per_token", json_real(d.compute_s * per));

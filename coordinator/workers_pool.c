@@ -213,7 +213,11 @@ static int wait_response(pool *p, worker *w, float *out, char *why, size_t whyle
         }
         uint64_t h = atomic_load(&c->heartbeat);
         double now = now_s();
-        if (h != hb) { hb = h; last_progress = now; }
+        if (h != hb) {
+            hb = h;
+            last_progress = now;
+            if (p->o.on_progress) p->o.on_progress(p->o.progress_ctx);
+        }
         else if ((now - last_progress) * 1000 > p->o.timeout_ms) {
             snprintf(why, whylen, "no progress for %d ms", p->o.timeout_ms);
             return WAIT_RETRY;

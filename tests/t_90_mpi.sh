@@ -3,7 +3,8 @@
 # with 2, 3 and 5 ranks over TCP and over shared memory; a rank whose checkpoint differs is
 # refused naming its host; a rank that stops answering is named (rank and host), the run
 # fails without a wrong token and no rank is left behind; expert ranks with local servers
-# behind them (--mpi --workers N), mixed with TCP and shared memory; --json "mpi" counters
+# behind them (--mpi --workers N), mixed with TCP and shared memory, a local restart, a slow
+# request kept alive by heartbeats under a short timeout; --json "mpi" counters
 # (per rank and per decode token) present and consistent with the message format; a
 # SIGKILLed mpirun leaves no rank and no local server; two hosts in network namespaces
 # joined by a veth pair (when `ip netns` works here, else SKIP for that part).
@@ -78,6 +79,14 @@ K3_EXPERTD="$(dirname "$K3ABS")/k3-expertd-faults" K3_FAULT=crash:5:1 timeout 30
   --threads 1 > "$T/m.ids" 2> "$T/m.err" || { tail -5 "$T/m.err"; bad "a crashed local server failed the run"; }
 cmp -s "$T/m.ids" "$T/ref.ids" || bad "ids differ after a local server restart"
 grep -q "worker 1 failed (killed by signal 9); restarting" "$T/m.err" || bad "no local restart reported"
+# a request that takes 3 s (a local server pausing, with heartbeats) under a 1 s rank timeout:
+# the rank's heartbeats keep rank 0 waiting; the ids do not change
+K3_EXPERTD="$(dirname "$K3ABS")/k3-expertd-faults" K3_FAULT=pause:3:0 timeout 120 $MPI -np 2 -x K3_FAULT -x K3_EXPERTD \
+  --mca btl self,tcp "$K3" $M --ids $P --gen 10 --mpi --workers 1 --worker-timeout-ms 1000 --json "$T/m.json" > "$T/m.ids" \
+  2> "$T/m.err" || { tail -5 "$T/m.err"; bad "a slow rank with heartbeats was taken for a lost one"; }
+cmp -s "$T/m.ids" "$T/ref.ids" || bad "ids differ after a slow request"
+/usr/bin/python3 -c 'import json,sys; sys.exit(json.load(open(sys.argv[1]))["mpi"]["ranks"][0]["heartbeats"] < 5)' "$T/m.json" \
+  || bad "no heartbeats counted during a 3 s request"
 # too many local servers for a rank's experts: refused before anything runs
 timeout 120 $MPI -np 3 --mca btl self,tcp "$K3" $M --ids $P --gen 2 --mpi --workers 20 > "$T/m.ids" 2> "$T/m.err"
 [ $? -ne 0 ] || bad "20 local servers per rank were accepted (some own no expert)"

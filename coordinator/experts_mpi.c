@@ -189,12 +189,13 @@ static uint64_t owned_bytes_per_server(const expert_store *st, const k3_config *
 typedef struct {
     expert_source inner;
     double last, every;
+    int active;              /* a request is being computed (never before the hello) */
 } beater;
 
 static void beat(void *ctx) {
     beater *b = ctx;
     double t = now_s();
-    if (t - b->last < b->every) return;
+    if (!b->active || t - b->last < b->every) return;
     b->last = t;
     MPI_Send(NULL, 0, MPI_BYTE, 0, TAG_BEAT, MPI_COMM_WORLD);
 }
@@ -232,7 +233,8 @@ static int start_local_servers(const mpi_options *o, const k3_config *cfg, const
         po.place = &pl;
         po.threads = o->threads > 0 ? o->threads : 1;
         po.cache_bytes = o->cache_bytes ? o->cache_bytes : owned_bytes_per_server(st, cfg, own, o->workers);
-        po.timeout_ms = o->timeout_ms > 0 ? o->timeout_ms / 4 : 7500; /* a local restart fits in rank 0's timeout */
+        po.timeout_ms = o->timeout_ms > 0 ? o->timeout_ms / 4 : 7500; /* a hung server is restarted before rank 0 gives up */
+        po.ready_timeout_ms = o->timeout_ms > 10000 ? o->timeout_ms : 10000; /* start-up: the rank sends heartbeats */
         po.max_restarts = o->max_restarts;
         po.max_tokens = o->max_tokens ? o->max_tokens : 1;
         po.expertd_path = path;
@@ -352,6 +354,7 @@ int experts_mpi_serve(const mpi_options *o) {
             double t0 = now_s();
             int rc;
             bt.last = t0;
+            bt.active = 1;
             if (pool.run) rc = pool.run(&pool, hd.layer, z, hd.ntok, pt, pe, hd.npairs, (float *)resp, &e);
             else {
                 bt.inner = expert_cache_source(cache);
@@ -359,6 +362,7 @@ int experts_mpi_serve(const mpi_options *o) {
                 rc = expert_batch_run(k, &src, store.L, store.I, cfg.situ_beta, cfg.situ_linear_beta, hd.layer, z, hd.ntok, pt,
                                       pe, hd.npairs, (float *)resp, &e);
             }
+            bt.active = 0;
             if (rc == 0) {
                 size_t nb = (size_t)hd.npairs * L * 4;
                 double dt = now_s() - t0;

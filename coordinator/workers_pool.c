@@ -155,7 +155,16 @@ static int spawn(pool *p, worker *w, k3_error *err) {
     }
     struct pollfd pfd = {w->ctl_fd, POLLIN, 0};
     int pr;
-    do pr = poll(&pfd, 1, p->o.timeout_ms); while (pr < 0 && errno == EINTR);
+    int ready_ms = p->o.ready_timeout_ms > 0 ? p->o.ready_timeout_ms : p->o.timeout_ms;
+    double ready_by = now_s() + ready_ms / 1000.0;
+    for (;;) { /* in slices, so that whoever waits on this pool hears it is alive (on_progress) */
+        double left = ready_by - now_s();
+        int slice = left <= 0 ? 0 : left * 1000 < 50 ? (int)(left * 1000) + 1 : 50;
+        pr = poll(&pfd, 1, slice);
+        if (pr < 0 && errno == EINTR) continue;
+        if (pr != 0 || left <= 0) break;
+        if (p->o.on_progress) p->o.on_progress(p->o.progress_ctx);
+    }
     ssize_t n = pr > 0 ? recv(w->ctl_fd, msg, sizeof msg, 0) : -1;
     wire_ready rd;
     k3_error e2 = {0};
@@ -163,7 +172,7 @@ static int spawn(pool *p, worker *w, k3_error *err) {
         reap(w);
         k3_fail(err, "worker %d (%s) did not report ready%s%s%s", w->idx, p->path,
                 pr == 0 ? " within --worker-timeout-ms " : "", e2.set ? ": " : "", e2.msg);
-        if (pr == 0) snprintf(err->msg + strlen(err->msg), sizeof err->msg - strlen(err->msg), "%d", p->o.timeout_ms);
+        if (pr == 0) snprintf(err->msg + strlen(err->msg), sizeof err->msg - strlen(err->msg), "%d", ready_ms);
         return SPAWN_FAILED;
     }
     if (!rd.ok) {

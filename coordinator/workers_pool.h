@@ -27,6 +27,7 @@ typedef struct {
     uint64_t cache_bytes;      /* per worker */
     int threads;               /* per worker when place is NULL */
     int timeout_ms;            /* no-progress timeout */
+    int ready_timeout_ms;      /* start-up timeout (0: timeout_ms) */
     int max_restarts;          /* per worker */
     size_t max_tokens;         /* largest chunk the coordinator will send */
     const char *expertd_path;

@@ -81,7 +81,7 @@ cmp -s "$T/m.ids" "$T/ref.ids" || bad "ids differ after a local server restart"
 grep -q "worker 1 failed (killed by signal 9); restarting" "$T/m.err" || bad "no local restart reported"
 # a request that takes 3 s (a local server pausing, with heartbeats) under a 1 s rank timeout:
 # the rank's heartbeats keep rank 0 waiting; the ids do not change
-K3_EXPERTD="$(dirname "$K3ABS")/k3-expertd-faults" K3_FAULT=pause:3:0 timeout 120 $MPI -np 2 -x K3_FAULT -x K3_EXPERTD \
+K3_EXPERTD="$(dirname "$K3ABS")/k3-expertd-faults" K3_FAULT=pause:3:0:9 timeout 120 $MPI -np 2 -x K3_FAULT -x K3_EXPERTD \
   --mca btl self,tcp "$K3" $M --ids $P --gen 10 --mpi --workers 1 --worker-timeout-ms 1000 --json "$T/m.json" > "$T/m.ids" \
   2> "$T/m.err" || { tail -5 "$T/m.err"; bad "a slow rank with heartbeats was taken for a lost one"; }
 cmp -s "$T/m.ids" "$T/ref.ids" || bad "ids differ after a slow request"

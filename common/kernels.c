@@ -165,60 +165,97 @@ static void poison(const char *what, float *y, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = NAN;
 }
 
-void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_t ntok, float *y) {
-    const size_t rows = W->rows, cols = W->cols, nblk = (rows + K3_ROWBLOCK - 1) / K3_ROWBLOCK;
-    const rowblock_fns rb = rowblock_for(k);
+/* Job bi of a dense matmul: tile bi (K3_GEMM_NR rows x all tokens) when gemm, else row
+ * block bi (K3_ROWBLOCK rows, token by token or two at a time). */
+static void dense_job(const kernels *k, const rowblock_fns *rb, int gemm, const dense_weight *W, const float *x,
+                      size_t ntok, float *y, size_t bi) {
+    const size_t rows = W->rows, cols = W->cols;
 #ifdef K3_HAVE_X86_KERNELS
-    if (rb.gemm && ntok >= K3_GEMM_MIN_TOK && (W->dtype == DTYPE_F32 || W->dtype == DTYPE_BF16)) {
-        const size_t ntile = (rows + K3_GEMM_NR - 1) / K3_GEMM_NR;
-#pragma omp parallel for schedule(runtime)
-        for (size_t ti = 0; ti < ntile; ti++) {
-            const size_t r0 = ti * K3_GEMM_NR, nr = rows - r0 < K3_GEMM_NR ? rows - r0 : K3_GEMM_NR;
-            if (W->dtype == DTYPE_F32) (rb.gemm == 2 ? k3_gemm_f32_avx512 : k3_gemm_f32_avx2)(W->data, rows, cols, r0, nr, x, ntok, y);
-            else (rb.gemm == 2 ? k3_gemm_bf16_avx512 : k3_gemm_bf16_avx2)(W->data, rows, cols, r0, nr, x, ntok, y);
-        }
+    if (gemm) {
+        const size_t r0 = bi * K3_GEMM_NR, nr = rows - r0 < K3_GEMM_NR ? rows - r0 : K3_GEMM_NR;
+        if (W->dtype == DTYPE_F32) (rb->gemm == 2 ? k3_gemm_f32_avx512 : k3_gemm_f32_avx2)(W->data, rows, cols, r0, nr, x, ntok, y);
+        else (rb->gemm == 2 ? k3_gemm_bf16_avx512 : k3_gemm_bf16_avx2)(W->data, rows, cols, r0, nr, x, ntok, y);
         return;
     }
+#else
+    (void)gemm;
 #endif
+    const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;
     if (W->dtype == DTYPE_F32) {
-        const float *wd = W->data;
-#pragma omp parallel for schedule(runtime)
-        for (size_t bi = 0; bi < nblk; bi++) {
-            const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;
-            const float *w = wd + r0 * cols;
-            for (size_t t = 0; t < ntok; t++) {
-                float o[K3_ROWBLOCK];
-                if (rb.f32 && nr == K3_ROWBLOCK) rb.f32(w, x + t * cols, cols, o);
-                else
-                    for (size_t j = 0; j < nr; j++) o[j] = k->dot_f32(w + j * cols, x + t * cols, cols);
-                put_rows(y, rows, r0, nr, t, o);
-            }
-        }
-    } else if (W->dtype == DTYPE_BF16) {
-        const uint16_t *wd = W->data;
-#pragma omp parallel for schedule(runtime)
-        for (size_t bi = 0; bi < nblk; bi++) {
-            const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;
-            const uint16_t *w = wd + r0 * cols;
-            size_t t = 0;
-            float o[2 * K3_ROWBLOCK];
-            if (rb.bf16_x2 && nr == K3_ROWBLOCK)
-                for (; t + 2 <= ntok; t += 2) {
-                    rb.bf16_x2(w, x + t * cols, cols, o);
-                    put_rows(y, rows, r0, nr, t, o);
-                    put_rows(y, rows, r0, nr, t + 1, o + K3_ROWBLOCK);
-                }
-            for (; t < ntok; t++) {
-                if (rb.bf16 && nr == K3_ROWBLOCK) rb.bf16(w, x + t * cols, cols, o);
-                else
-                    for (size_t j = 0; j < nr; j++) o[j] = k->dot_bf16(w + j * cols, x + t * cols, cols);
-                put_rows(y, rows, r0, nr, t, o);
-            }
+        const float *w = (const float *)W->data + r0 * cols;
+        for (size_t t = 0; t < ntok; t++) {
+            float o[K3_ROWBLOCK];
+            if (rb->f32 && nr == K3_ROWBLOCK) rb->f32(w, x + t * cols, cols, o);
+            else
+                for (size_t j = 0; j < nr; j++) o[j] = k->dot_f32(w + j * cols, x + t * cols, cols);
+            put_rows(y, rows, r0, nr, t, o);
         }
     } else {
-        char what[64];
-        snprintf(what, sizeof what, "matmul_dense: unknown weight dtype %d", (int)W->dtype);
-        poison(what, y, rows * ntok);
+        const uint16_t *w = (const uint16_t *)W->data + r0 * cols;
+        size_t t = 0;
+        float o[2 * K3_ROWBLOCK];
+        if (rb->bf16_x2 && nr == K3_ROWBLOCK)
+            for (; t + 2 <= ntok; t += 2) {
+                rb->bf16_x2(w, x + t * cols, cols, o);
+                put_rows(y, rows, r0, nr, t, o);
+                put_rows(y, rows, r0, nr, t + 1, o + K3_ROWBLOCK);
+            }
+        for (; t < ntok; t++) {
+            if (rb->bf16 && nr == K3_ROWBLOCK) rb->bf16(w, x + t * cols, cols, o);
+            else
+                for (size_t j = 0; j < nr; j++) o[j] = k->dot_bf16(w + j * cols, x + t * cols, cols);
+            put_rows(y, rows, r0, nr, t, o);
+        }
+    }
+}
+
+/* the multi-token kernels take this matmul */
+static int dense_gemm(const rowblock_fns *rb, const dense_weight *W, size_t ntok) {
+    return rb->gemm && ntok >= K3_GEMM_MIN_TOK && (W->dtype == DTYPE_F32 || W->dtype == DTYPE_BF16);
+}
+
+static size_t dense_jobs(const dense_weight *W, int gemm) {
+    const size_t per = gemm ? K3_GEMM_NR : K3_ROWBLOCK;
+    return (W->rows + per - 1) / per;
+}
+
+void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_t ntok, float *y) {
+    matmul_dense_many(k, W, &x, ntok, &y, 1);
+}
+
+void matmul_dense_many(const kernels *k, const dense_weight *W, const float *const *x, size_t ntok, float *const *y,
+                       size_t n) {
+    if (n > K3_MATMUL_MANY_MAX) {
+        matmul_dense_many(k, W, x, ntok, y, K3_MATMUL_MANY_MAX);
+        matmul_dense_many(k, W + K3_MATMUL_MANY_MAX, x + K3_MATMUL_MANY_MAX, ntok, y + K3_MATMUL_MANY_MAX,
+                          n - K3_MATMUL_MANY_MAX);
+        return;
+    }
+    const rowblock_fns rb = rowblock_for(k);
+    size_t first[K3_MATMUL_MANY_MAX + 1];
+    int gemm[K3_MATMUL_MANY_MAX];
+    size_t m = 0;
+    first[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (W[i].dtype != DTYPE_F32 && W[i].dtype != DTYPE_BF16) {
+            char what[64];
+            snprintf(what, sizeof what, "matmul_dense: unknown weight dtype %d", (int)W[i].dtype);
+            poison(what, y[i], W[i].rows * ntok);
+            gemm[i] = 0;
+            first[i + 1] = first[i];
+        } else {
+            gemm[i] = dense_gemm(&rb, &W[i], ntok);
+            first[i + 1] = first[i] + dense_jobs(&W[i], gemm[i]);
+        }
+        m = i + 1;
+    }
+    const size_t total = first[m];
+    /* one region for all n matmuls: each job finds its matrix (n is a handful) */
+#pragma omp parallel for schedule(runtime)
+    for (size_t j = 0; j < total; j++) {
+        size_t i = 0;
+        while (j >= first[i + 1]) i++;
+        dense_job(k, &rb, gemm[i], &W[i], x[i], ntok, y[i], j - first[i]);
     }
 }
 

@@ -70,6 +70,11 @@ int simd_level_parse(const char *s, simd_level *out);
  * machine). Which thread computes a row never changes its bits. */
 void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_t ntok, float *y);
 void matmul_mxfp4(const kernels *k, const mxfp4_weight *W, const float *x, size_t ntok, float *y);
+/* n (<= K3_MATMUL_MANY_MAX) dense matmuls of ntok tokens in ONE parallel region, one
+ * barrier: y[i] = W[i] x[i]; each y[i] has exactly the bits matmul_dense gives it. */
+#define K3_MATMUL_MANY_MAX 8
+void matmul_dense_many(const kernels *k, const dense_weight *W, const float *const *x, size_t ntok, float *const *y,
+                       size_t n);
 
 /* 0 if no scale byte of the weight is 255, else -1 and *bad_row set. */
 int mxfp4_check_scales(const mxfp4_weight *W, size_t *bad_row);

@@ -91,13 +91,12 @@ int kda_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const kda_
     int rc = -1;
     if (kda_layout(sc, c, R, nthreads, &B)) { k3_fail(err, "KDA scratch exceeds the engine's arena (%zu rows)", R); goto out; }
     float *q = B.q, *kk = B.kk, *v = B.v, *z = B.z, *b = B.b, *gate = B.gate, *o = B.o;
-    if (trunk_matmul(tp, k, &w->q, x, R, q, err)) goto out;
-    if (trunk_matmul(tp, k, &w->k, x, R, kk, err)) goto out;
-    if (trunk_matmul(tp, k, &w->v, x, R, v, err)) goto out;
-    if (trunk_matmul(tp, k, &w->f_a, x, R, B.fa, err)) goto out;
-    if (trunk_matmul(tp, k, &w->f_b, B.fa, R, z, err)) goto out;
-    if (trunk_matmul(tp, k, &w->b, x, R, b, err)) goto out;
-    if (trunk_matmul(tp, k, &w->g, x, R, gate, err)) goto out;
+    { /* in walk order, a parallel region per run of one unit: q k v f_a, then f_b (of f_a) b g */
+        const dense_weight *w4[4] = {&w->q, &w->k, &w->v, &w->f_a}, *w3[3] = {&w->f_b, &w->b, &w->g};
+        const float *x4[4] = {x, x, x, x}, *x3[3] = {B.fa, x, x};
+        float *y4[4] = {q, kk, v, B.fa}, *y3[3] = {z, b, gate};
+        if (trunk_matmul_many(tp, k, w4, x4, R, y4, 4, err) || trunk_matmul_many(tp, k, w3, x3, R, y3, 3, err)) goto out;
+    }
     size_t hist = (K - 1) * P;
     /* per-position states (state.h keep): S after token i at keep_S(s, i), its conv history after it */
     size_t kstride = seq_state_recurrent_bytes(c) / sizeof(float), koff = seq_state_recurrent_offset(c, l) / sizeof(float);

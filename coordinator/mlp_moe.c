@@ -36,8 +36,10 @@ int mlp_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const mlp_
     int rc = -1;
     float *g, *u;
     if (mlp_layout(sc, c, R, &g, &u)) { k3_fail(err, "MLP scratch exceeds the engine's arena"); goto out; }
-    if (trunk_matmul(tp, k, &w->gate, x, R, g, err)) goto out;
-    if (trunk_matmul(tp, k, &w->up, x, R, u, err)) goto out;
+    const dense_weight *w2[2] = {&w->gate, &w->up}; /* one parallel region when in one unit */
+    const float *xs[2] = {x, x};
+    float *ys[2] = {g, u};
+    if (trunk_matmul_many(tp, k, w2, xs, R, ys, 2, err)) goto out;
     situ_glu(g, g, u, R * I, c->situ_beta, c->situ_linear_beta);
     if (trunk_matmul(tp, k, &w->down, g, R, out, err)) goto out;
     rc = 0;
@@ -120,8 +122,14 @@ int moe_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const moe_
     moe_bufs B;
     int rc = -1;
     if (moe_layout(sc, c, R, &B)) { k3_fail(err, "MoE scratch exceeds the engine's arena (%zu rows)", R); goto out; }
-    /* 1-3: router on the FULL-width input */
-    if (trunk_matmul(tp, k, &w->router, x, R, B.logits, err)) goto out;
+    /* 1-3: router on the FULL-width input; the latent down-projection (step 4) of the same
+     * input in the same parallel region */
+    {
+        const dense_weight *w2[2] = {&w->router, &w->lat_down};
+        const float *xs[2] = {x, x};
+        float *ys[2] = {B.logits, B.z};
+        if (trunk_matmul_many(tp, k, w2, xs, R, ys, 2, err)) goto out;
+    }
     for (size_t t = 0; t < R; t++) {
         int bad = moe_route(c, B.logits + t * N, w->router_bias, B.pexp + t * K, B.wts + t * K);
         if (bad) {
@@ -131,8 +139,7 @@ int moe_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const moe_
         for (size_t j = 0; j < K; j++) B.ptok[t * K + j] = (int32_t)t;
         if (trace) memcpy(trace + t * K, B.pexp + t * K, K * sizeof *trace);
     }
-    /* 4-5: latent down-projection, experts, combine in top-k order */
-    if (trunk_matmul(tp, k, &w->lat_down, x, R, B.z, err)) goto out;
+    /* 4-5: (latent down-projection above), experts, combine in top-k order */
     if (eb->run(eb, layer, B.z, R, B.ptok, B.pexp, R * K, B.y, err)) goto out;
     for (size_t t = 0; t < R; t++) moe_combine(B.wts + t * K, B.y + t * K * L, K, L, B.acc + t * L);
     /* 6: latent norm on the AGGREGATE, then up-projection */

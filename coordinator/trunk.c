@@ -395,6 +395,20 @@ int trunk_matmul(trunk_pass *p, const kernels *k, const dense_weight *w, const f
     return 0;
 }
 
+int trunk_matmul_many(trunk_pass *p, const kernels *k, const dense_weight *const *w, const float *const *x,
+                      size_t ntok, float *const *y, size_t n, k3_error *err) {
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        dense_weight v[K3_MATMUL_MANY_MAX];
+        /* a run of the same unit: its buffer stays current for all of them */
+        for (; j < n && j - i < K3_MATMUL_MANY_MAX && w[j]->unit == w[i]->unit; j++)
+            if (trunk_get(p, w[j], &v[j - i], err)) return -1;
+        matmul_dense_many(k, v, x + i, ntok, y + i, j - i);
+        i = j;
+    }
+    return 0;
+}
+
 int trunk_lm_chunks(const trunk *t) { return t->n_lm; }
 size_t trunk_lm_chunk_rows(const trunk *t) { return t->lm_rows; }
 

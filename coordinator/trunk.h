@@ -63,6 +63,11 @@ int trunk_get(trunk_pass *p, const dense_weight *w, dense_weight *view, k3_error
 /* trunk_get, then matmul_dense. */
 int trunk_matmul(trunk_pass *p, const kernels *k, const dense_weight *w, const float *x, size_t ntok, float *y,
                  k3_error *err);
+/* trunk_matmul of w[i] by x[i] into y[i] for i < n, in walk order (no y[i] may be an
+ * x[j], j > i): each run of consecutive weights in one unit is ONE parallel region
+ * (matmul_dense_many), the same bits as n trunk_matmul calls. */
+int trunk_matmul_many(trunk_pass *p, const kernels *k, const dense_weight *const *w, const float *const *x,
+                      size_t ntok, float *const *y, size_t n, k3_error *err);
 /* Releases the unit held, if any (end of a layer part). */
 void trunk_release_current(trunk_pass *p);
 /* lm head: number of chunks, and chunk c as a dense weight over rows [row0, row0+rows). */

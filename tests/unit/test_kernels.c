@@ -327,6 +327,52 @@ static void test_batches(tstate *ts) {
     }
 }
 
+/* matmul_dense_many (several matmuls in one parallel region: kda.c, mlp_moe.c through
+ * trunk_matmul_many) == one matmul_dense per weight, for mixed dtypes and shapes, token
+ * counts on both sides of the multi-token kernels, more weights than one region takes. */
+static void test_many(tstate *ts) {
+    enum { NW = 11 };
+    static const size_t shapes[NW][2] = {{5, 40}, {24, 129}, {1, 8}, {50, 300}, {7, 7175}, {31, 64},
+                                         {4, 16}, {97, 200}, {3, 3}, {26, 128}, {48, 520}};
+    uint64_t seed = 11;
+    dense_weight W[NW];
+    void *wbuf[NW];
+    float *xs[NW], *ys[NW], *ref[NW];
+    for (int i = 0; i < NW; i++) {
+        size_t rows = shapes[i][0], cols = shapes[i][1];
+        int bf = i % 3 != 1;
+        wbuf[i] = malloc(rows * cols * (bf ? 2 : 4));
+        xs[i] = malloc(7 * cols * sizeof(float));
+        ys[i] = malloc(7 * rows * sizeof(float));
+        ref[i] = malloc(7 * rows * sizeof(float));
+        if (!wbuf[i] || !xs[i] || !ys[i] || !ref[i]) abort();
+        for (size_t e = 0; e < rows * cols; e++) {
+            if (bf) ((uint16_t *)wbuf[i])[e] = rnd_bf16(&seed);
+            else ((float *)wbuf[i])[e] = rnd_float(&seed);
+        }
+        for (size_t e = 0; e < 7 * cols; e++) xs[i][e] = rnd_float(&seed);
+        W[i] = (dense_weight){bf ? DTYPE_BF16 : DTYPE_F32, rows, cols, wbuf[i], -1, 0};
+    }
+    static const size_t ntoks[] = {1, 2, 3, 4, 7};
+    for (int l = 0; l < ts->nlevels; l++)
+        for (size_t ti = 0; ti < sizeof ntoks / sizeof ntoks[0]; ti++) {
+            size_t nt = ntoks[ti];
+            for (int i = 0; i < NW; i++) matmul_dense(ts->levels[l], &W[i], xs[i], nt, ref[i]);
+            matmul_dense_many(ts->levels[l], W, (const float *const *)xs, nt, ys, NW);
+            for (int i = 0; i < NW; i++) {
+                size_t d = first_diff(ys[i], ref[i], nt * W[i].rows);
+                CHECK(d == nt * W[i].rows, "matmul_dense_many %s ntok=%zu weight %d (%zux%zu): row %zu differs",
+                      ts->levels[l]->name, nt, i, W[i].rows, W[i].cols, d % W[i].rows);
+            }
+        }
+    for (int i = 0; i < NW; i++) {
+        free(wbuf[i]);
+        free(xs[i]);
+        free(ys[i]);
+        free(ref[i]);
+    }
+}
+
 /* The SIMD paths use fused multiply-add: fma(w, x, acc) == acc + w*x bit for bit
  * because the double product of a float/bf16/E2M1*2^k weight and a float is exact.
  * Checked here on the C library's fma for random and extreme operands. */
@@ -587,6 +633,7 @@ int main(void) {
     test_mxfp4_sizes(&ts);
     test_threads(&ts);
     test_batches(&ts);
+    test_many(&ts);
     test_fma_is_exact();
 
     if (check_failures) {

@@ -290,12 +290,12 @@ static void admit(scheduler *s) {
             slot_free_req(s, sl);
             continue;
         }
-        if (r->n_out >= r->max_tokens) { /* the forced ids took every token allowed */
-            finish(r, FINISH_LENGTH, NULL);
-            slot_free_req(s, sl);
-        }
         r->n_cached = have;
         s->stats.prefix_tokens_reused += have;
+        if (r->n_out >= r->max_tokens) { /* the forced ids took every token allowed */
+            finish(r, FINISH_LENGTH, NULL);
+            slot_free_req(s, sl); /* r may be gone now */
+        }
     }
 }
 

@@ -5,6 +5,7 @@
  * alone), then print facts, advice with its reasoning, and problems with fixes. */
 #define _GNU_SOURCE /* O_DIRECT */
 #include "coordinator/doctor.h"
+#include "common/mono_clock.h"
 #include "common/checkpoint.h"
 #include "common/config.h"
 #include "common/kernels.h"
@@ -46,12 +47,6 @@ static void problem(problem_list *pl, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(pl->problems[pl->n++], sizeof pl->problems[0], fmt, ap);
     va_end(ap);
-}
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
 /* First line of a small file, newline stripped; "" if unreadable. */
@@ -105,7 +100,7 @@ static void *read_test_thread(void *arg) {
     for (;;) {
         pthread_mutex_lock(&rt->mu);
         while (rt->cur < rt->n_files && rt->off >= rt->files[rt->cur].size) { rt->cur++; rt->off = 0; }
-        int stop = rt->cur >= rt->n_files || rt->bytes >= rt->limit || now_s() > rt->t_end || rt->err;
+        int stop = rt->cur >= rt->n_files || rt->bytes >= rt->limit || k3_now_s() > rt->t_end || rt->err;
         int fd = stop ? -1 : rt->files[rt->cur].fd;
         uint64_t off = rt->off;
         rt->off += READ_CHUNK;
@@ -189,12 +184,12 @@ static void probe_model_fs(const char *dir, const checkpoint *ck, model_fs *mf) 
     pthread_mutex_init(&rt.mu, NULL);
     pthread_t th[4];
     int started = 0;
-    double t0 = now_s();
+    double t0 = k3_now_s();
     rt.t_end = t0 + READ_TEST_SECONDS;
     for (int i = 0; i < 4; i++)
         if (pthread_create(&th[started], NULL, read_test_thread, &rt) == 0) started++;
     for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-    mf->read_s = now_s() - t0;
+    mf->read_s = k3_now_s() - t0;
     mf->read_bytes = rt.bytes;
     if (rt.bytes && mf->read_s > 0) mf->read_gbs = rt.bytes / mf->read_s / 1e9;
     for (int i = 0; i < rt.n_files; i++) close(rt.files[i].fd);
@@ -212,11 +207,11 @@ static double dram_read_gbs(void) {
     double best = 0;
     volatile uint64_t sink = 0;
     for (int rep = 0; rep < 3; rep++) {
-        double t0 = now_s();
+        double t0 = k3_now_s();
         uint64_t s = 0;
 #pragma omp parallel for schedule(static) reduction(+ : s)
         for (size_t i = 0; i < n; i++) s += a[i];
-        double dt = now_s() - t0;
+        double dt = k3_now_s() - t0;
         sink += s;
         if (dt > 0 && n * 8 / dt > best) best = n * 8 / dt;
     }
@@ -246,11 +241,11 @@ static void kernel_rates(const kernels *k, double *bf16_gbs, double *mxfp4_gbs) 
         dense_weight dw = {.dtype = DTYPE_BF16, .rows = rows, .cols = cols, .data = w};
         mxfp4_weight mw = {.rows = rows, .cols = cols, .packed = packed, .scales = scales};
         for (int rep = 0; rep < 2; rep++) {
-            double t0 = now_s();
+            double t0 = k3_now_s();
             matmul_dense(k, &dw, x, 1, y);
-            double t1 = now_s();
+            double t1 = k3_now_s();
             matmul_mxfp4(k, &mw, x, 1, y);
-            double t2 = now_s();
+            double t2 = k3_now_s();
             double a = rows * cols * 2.0 / (t1 - t0) / 1e9, b = (rows * cols / 2.0 + rows * cols / 32.0) / (t2 - t1) / 1e9;
             if (a > *bf16_gbs) *bf16_gbs = a;
             if (b > *mxfp4_gbs) *mxfp4_gbs = b;

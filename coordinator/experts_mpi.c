@@ -1,6 +1,7 @@
 /* experts_mpi.c - expert ranks over Open MPI (see experts_mpi.h). */
 #define _GNU_SOURCE
 #include "coordinator/experts_mpi.h"
+#include "common/mono_clock.h"
 #include "coordinator/workers_pool.h"
 #include "common/file_read.h"
 #include "common/topology.h"
@@ -42,12 +43,6 @@ typedef struct {
     uint32_t n_shards;
     shard_id shard[]; /* n_shards */
 } hello_msg;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* Polling with sleeps (experts_mpi.h "Waiting"): 5 us, doubling to 200 us while idle. */
 typedef struct {
@@ -194,7 +189,7 @@ typedef struct {
 
 static void beat(void *ctx) {
     beater *b = ctx;
-    double t = now_s();
+    double t = k3_now_s();
     if (!b->active || t - b->last < b->every) return;
     b->last = t;
     MPI_Send(NULL, 0, MPI_BYTE, 0, TAG_BEAT, MPI_COMM_WORLD);
@@ -351,7 +346,7 @@ int experts_mpi_serve(const mpi_options *o) {
         }
         k3_error e = {0};
         if (!bad) {
-            double t0 = now_s();
+            double t0 = k3_now_s();
             int rc;
             bt.last = t0;
             bt.active = 1;
@@ -365,7 +360,7 @@ int experts_mpi_serve(const mpi_options *o) {
             bt.active = 0;
             if (rc == 0) {
                 size_t nb = (size_t)hd.npairs * L * 4;
-                double dt = now_s() - t0;
+                double dt = k3_now_s() - t0;
                 memcpy(resp + nb, &dt, sizeof dt);
                 MPI_Send(resp, (int)(nb + sizeof dt), MPI_BYTE, 0, TAG_RESP, MPI_COMM_WORLD);
                 continue;
@@ -426,7 +421,7 @@ static int mpi_run(expert_backend *b, int layer, const float *zlat, size_t ntok,
     size_t L = mi->L;
     if (ntok > mi->max_tok || npairs > mi->max_tok * mi->K)
         return k3_fail(err, "an expert request of %zu tokens / %zu pairs is larger than planned", ntok, npairs);
-    double t0 = now_s();
+    double t0 = k3_now_s();
     size_t np[256] = {0};
     int active = 0;
     for (int r = 0; r < mi->n; r++) {
@@ -464,7 +459,7 @@ static int mpi_run(expert_backend *b, int layer, const float *zlat, size_t ntok,
         mi->stats[r].bytes_sent += bytes;
         active++;
     }
-    double slowest = 0, start = now_s();
+    double slowest = 0, start = k3_now_s();
     for (int r = 0; r < mi->n; r++) mi->deadline[r] = start + mi->timeout_ms / 1000.0;
     int done_all = 0;
     idle_wait iw;
@@ -487,7 +482,7 @@ static int mpi_run(expert_backend *b, int layer, const float *zlat, size_t ntok,
             MPI_Get_count(&st, MPI_BYTE, &count);
             if (st.MPI_TAG == TAG_BEAT) { /* alive and computing: a new deadline, listen again */
                 mi->stats[r].beats++;
-                mi->deadline[r] = now_s() + mi->timeout_ms / 1000.0;
+                mi->deadline[r] = k3_now_s() + mi->timeout_ms / 1000.0;
                 if (MPI_Irecv(mi->resp[r], (int)(mi->max_tok * mi->K * L * 4 + 1200), MPI_BYTE, r + 1, MPI_ANY_TAG, MPI_COMM_WORLD,
                               &mi->rreq[r]) != MPI_SUCCESS)
                     return k3_fail(err, "MPI could not receive from expert rank %d (%s)", r + 1, mi->stats[r].host);
@@ -507,12 +502,12 @@ static int mpi_run(expert_backend *b, int layer, const float *zlat, size_t ntok,
             if (!(dt >= 0 && dt < 1e6)) dt = 0; /* a statistic only: never trusted beyond that */
             if (dt > slowest) slowest = dt;
             mi->stats[r].compute_s += dt;
-            mi->stats[r].wait_s += now_s() - t0;
+            mi->stats[r].wait_s += k3_now_s() - t0;
             mi->stats[r].bytes_received += (uint64_t)count;
             for (size_t j = 0; j < np[r]; j++) memcpy(out + (size_t)mi->idx[r][j] * L, mi->resp[r] + j * L, L * 4);
         }
         if (!done_all) {
-            double now = now_s();
+            double now = k3_now_s();
             for (int r = 0; r < mi->n; r++)
                 if (mi->rreq[r] != MPI_REQUEST_NULL && now > mi->deadline[r])
                     return k3_fail(err, "expert rank %d on host %s did not answer within %d ms (lost host or rank?)", r + 1,
@@ -524,7 +519,7 @@ static int mpi_run(expert_backend *b, int layer, const float *zlat, size_t ntok,
         }
     }
     if (active) {
-        double w = now_s() - t0;
+        double w = k3_now_s() - t0;
         mi->x.exchanges++;
         mi->x.exchange_s += w;
         mi->x.overhead_s += w > slowest ? w - slowest : 0;

@@ -6,12 +6,6 @@
 #include <string.h>
 #include <time.h>
 
-double k3_now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
 int32_t argmax_logits(const float *logits, size_t n) {
     int32_t best = -1;
     for (size_t i = 0; i < n; i++) {

@@ -32,6 +32,7 @@
 #ifndef K3_GENERATE_H
 #define K3_GENERATE_H
 
+#include "common/mono_clock.h" /* k3_now_s, for the callers that time steps */
 #include "coordinator/forward.h"
 #include "coordinator/sampler.h"
 
@@ -138,7 +139,5 @@ int feed_tokens(engine *en, seq_state *st, const int32_t *ids, size_t n, size_t 
                 k3_error *err);
 /* arg-max, lowest id on ties; -1 if any logit is not finite. */
 int32_t argmax_logits(const float *logits, size_t n);
-/* Monotonic seconds (timing of runs, turns and requests). */
-double k3_now_s(void);
 
 #endif

@@ -12,6 +12,7 @@
  * always being read or ready, and the pipeline cannot stall. */
 #define _GNU_SOURCE /* O_DIRECT */
 #include "coordinator/verify.h"
+#include "common/mono_clock.h"
 #include "common/config.h"
 #include "common/safetensors.h"
 #include "common/sha256.h"
@@ -330,12 +331,6 @@ static void check_schema(verifier *v, const k3_config *c, int skip_missing) {
 
 /* ---- data pass ---- */
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 typedef struct { uint64_t count, first[MAX_FIRST]; unsigned char kind[MAX_FIRST]; int nfirst; } local_bad;
 
 static void note_bad(local_bad *lb, uint64_t el, unsigned char kind) {
@@ -577,7 +572,7 @@ static int data_pass(verifier *v, double *secs) {
     pthread_mutex_init(&v->mu, NULL);
     pthread_cond_init(&v->buf_cv, NULL);
     pthread_cond_init(&v->done_cv, NULL);
-    double t0 = now_s();
+    double t0 = k3_now_s();
     int started = 0;
     pthread_mutex_lock(&v->mu);
     for (int t = 0; t < nt; t++)
@@ -590,7 +585,7 @@ static int data_pass(verifier *v, double *secs) {
         if (ts.tv_nsec >= 1000000000L) { ts.tv_sec++; ts.tv_nsec -= 1000000000L; }
         pthread_cond_timedwait(&v->done_cv, &v->mu, &ts);
         if (tty && v->threads_left > 0) {
-            double el = now_s() - t0, rate = el > 0 ? v->bytes_done / el : 0;
+            double el = k3_now_s() - t0, rate = el > 0 ? v->bytes_done / el : 0;
             char left[32] = "?";
             if (rate > 0) fmt_secs((double)(v->bytes_total - v->bytes_done) / rate, left, sizeof left);
             fprintf(stderr, "\rk3: verify: %.2f / %.2f GB read, %.2f GB/s, %s left   ", v->bytes_done / 1e9, v->bytes_total / 1e9, rate / 1e9, left);
@@ -599,7 +594,7 @@ static int data_pass(verifier *v, double *secs) {
     pthread_mutex_unlock(&v->mu);
     if (tty) fprintf(stderr, "\r%72s\r", "");
     for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
-    *secs = now_s() - t0;
+    *secs = k3_now_s() - t0;
     free(th);
     pthread_mutex_destroy(&v->mu);
     pthread_cond_destroy(&v->buf_cv);

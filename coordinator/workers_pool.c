@@ -1,6 +1,7 @@
 /* workers_pool.c - expert servers as processes: spawn, dispatch, detect, restart (see workers_pool.h). */
 #define _GNU_SOURCE
 #include "coordinator/workers_pool.h"
+#include "common/mono_clock.h"
 #include "common/proc_stats.h"
 #include "common/ring.h"
 #include "common/wire.h"
@@ -61,12 +62,6 @@ typedef struct {
     size_t L, max_pairs;
     uint64_t hdr_cap, req_cap, resp_cap, next_id;
 } pool;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int workers_pool_default_path(char *buf, size_t len) {
     const char *env = getenv("K3_EXPERTD");
@@ -156,9 +151,9 @@ static int spawn(pool *p, worker *w, k3_error *err) {
     struct pollfd pfd = {w->ctl_fd, POLLIN, 0};
     int pr;
     int ready_ms = p->o.ready_timeout_ms > 0 ? p->o.ready_timeout_ms : p->o.timeout_ms;
-    double ready_by = now_s() + ready_ms / 1000.0;
+    double ready_by = k3_now_s() + ready_ms / 1000.0;
     for (;;) { /* in slices, so that whoever waits on this pool hears it is alive (on_progress) */
-        double left = ready_by - now_s();
+        double left = ready_by - k3_now_s();
         int slice = left <= 0 ? 0 : left * 1000 < 50 ? (int)(left * 1000) + 1 : 50;
         pr = poll(&pfd, 1, slice);
         if (pr < 0 && errno == EINTR) continue;
@@ -207,7 +202,7 @@ enum { WAIT_OK = 0, WAIT_RETRY = 1, WAIT_FATAL = -1 };
 static int wait_response(pool *p, worker *w, float *out, char *why, size_t whylen, k3_error *err) {
     ring_ctl *c = w->rg.ctl;
     uint64_t hb = atomic_load(&c->heartbeat);
-    double t0 = now_s(), last_progress = t0;
+    double t0 = k3_now_s(), last_progress = t0;
     for (;;) {
         int r = ring_wait(&c->resp_items, 50);
         if (r < 0) { snprintf(why, whylen, "semaphore wait failed: %s", strerror(errno)); return WAIT_RETRY; }
@@ -221,7 +216,7 @@ static int wait_response(pool *p, worker *w, float *out, char *why, size_t whyle
             return WAIT_RETRY;
         }
         uint64_t h = atomic_load(&c->heartbeat);
-        double now = now_s();
+        double now = k3_now_s();
         if (h != hb) {
             hb = h;
             last_progress = now;
@@ -232,7 +227,7 @@ static int wait_response(pool *p, worker *w, float *out, char *why, size_t whyle
             return WAIT_RETRY;
         }
     }
-    w->wait_s += now_s() - t0;
+    w->wait_s += k3_now_s() - t0;
     ring_slot_head *s = ring_resp_slot(&w->rg, w->seq);
     uint64_t hl, pl;
     wire_response resp;

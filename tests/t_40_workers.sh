@@ -96,7 +96,7 @@ check_no_workers "$T/k.err" "coordinator SIGKILL"
 # a stale object of a dead run (a crash between create and unlink) is removed at the next start
 dead=$(( $(cat /proc/sys/kernel/pid_max) - 1 ))
 kill -0 $dead 2>/dev/null && dead=$((dead - 1))
-stale=/dev/shm/k3.$dead.0badc0de
+stale=/dev/shm/k3.$dead.$(printf '%08x' $(( (RANDOM << 15 | RANDOM) & 0x7fffffff ))) # own name: concurrent runs of this test do not share it
 : > "$stale"
 "$K3" "$M" --ids "$ids" --gen 2 --workers 1 > /dev/null 2>&1 || fail "run after a crash"
 [ -e "$stale" ] && fail "stale shared-memory object $stale not cleaned at start"

@@ -1,6 +1,7 @@
 /* chat_repl.c - chat sessions over a carried sequence state and the `--chat` REPL (contract:
  * chat_repl.h). */
 #include "coordinator/chat_repl.h"
+#include "coordinator/draft.h"
 #include "coordinator/generate.h"
 #include "coordinator/state_gen.h"
 
@@ -149,6 +150,8 @@ int chat_session_create(chat_session **out, engine *en, const tokenizer *tok, co
     if (rc) goto fail;
     s->g_ok = 1;
     s->g.st.max_pos = opt->max_context; /* the MLA cache never grows past the plan */
+    if (opt->draft && (rc = gen_seq_speculate(&s->g, &en->model->cfg, opt->draft_max, opt->draft_per_position, err)))
+        goto fail;
     if ((rc = queue_system(s, err))) goto fail;
     *out = s;
     return 0;
@@ -218,12 +221,18 @@ int chat_session_turn(chat_session *s, const char *text, size_t len, FILE *out, 
     s->g.on_token = stream_token;
     s->g.on_token_ctx = s;
     for (int first = 1;; first = 0) {
-        gen_event ev;
-        if (gen_step(s->en, &s->g, s->opt.chunk, &ev, err)) {
+        gen_event evs[64];
+        int32_t prop[63];
+        size_t k = 0, nev = 1, dmax = s->opt.draft_max < 63 ? s->opt.draft_max : 63;
+        /* speculation after the first pick: proposals verified in one pass, picks as without */
+        if ((!first && s->opt.draft && draft_propose(s->opt.draft, s->g.ids, s->g.n, s->n_gen, prop, dmax, &k, err)) ||
+            (k ? gen_step_spec(s->en, &s->g, prop, k, s->opt.max_tokens - s->n_gen, evs, &nev, err)
+               : gen_step(s->en, &s->g, s->opt.chunk, evs, err))) {
             s->g.on_token = NULL;
             s->broken = 1;
             return -1;
         }
+        gen_event ev = evs[nev - 1]; /* a stop id or max_tokens can only end a block */
         if (first) { /* the first pick: the prefill is done */
             ts.prefill_s = k3_now_s() - t0;
             t0 = k3_now_s();
@@ -288,6 +297,10 @@ static void print_stats(const chat_session *s, const chat_turn_stats *ts, size_t
             "k3: [turn %zu: fed %zu tokens in %.3f s (%.1f tok/s); replied %zu tokens in %.3f s from the first "
             "forward pass to the last pick (%.2f tok/s); ended by %s; context %zu]\n",
             turn, ts->n_fed, ts->prefill_s, pre, ts->n_gen, all, rate, why, ts->context);
+    if (s->opt.draft) /* the conversation so far */
+        fprintf(log, "k3: [speculation: %llu of %llu proposals accepted in %llu verification passes]\n",
+                (unsigned long long)s->g.spec_accepted, (unsigned long long)s->g.spec_proposed,
+                (unsigned long long)s->g.spec_passes);
     fflush(log);
 }
 

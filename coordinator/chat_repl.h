@@ -61,6 +61,11 @@ typedef struct {
     const state_fingerprint *fp; /* the model's fingerprint: /save, /load (NULL = unavailable) */
     const char *load_state;   /* chat_repl: reopen this saved conversation first (NULL = none) */
     snap_store *snaps;        /* prefix snapshots (end of the system message, end of every turn; NULL = none) */
+    /* speculation (draft.h; NULL = none): after each pick up to draft_max proposals, verified by
+     * gen_step_spec (the replies are those without it) */
+    struct draft_source *draft;
+    size_t draft_max;
+    int draft_per_position;   /* rollback from per-position states (the plan's), else re-feed */
 } chat_options;
 
 void chat_options_default(chat_options *o);

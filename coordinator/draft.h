@@ -24,7 +24,7 @@
 
 typedef enum { DRAFT_NONE = 0, DRAFT_NGRAM, DRAFT_IDS, DRAFT_MODEL } draft_kind;
 
-typedef struct {
+typedef struct draft_source {
     draft_kind kind;
     int32_t *list;   /* ids source */
     size_t n_list;

@@ -341,7 +341,7 @@ typedef struct {
     const k3_topology *topo;
     const numa_place *np;
     uint64_t cache_bytes;        /* per server */
-    const draft_source *draft;   /* speculation's draft (its model's passes go in --json) */
+    draft_source *draft;         /* speculation's draft (its model's passes go in --json) */
 } run_info;
 
 static json_t *memory_json(const run_info *ri, const expert_backend *eb) {
@@ -771,9 +771,9 @@ static int open_draft(const options *o, draft_source *draft) {
         draft_close(draft);
         return EXIT_USAGE;
     }
-    if (draft->kind != DRAFT_NONE && (o->chat || o->full_recompute || (o->serve && draft->kind != DRAFT_NGRAM))) {
-        fprintf(stderr, "k3: --draft works with --ids/--prompt runs and --serve --draft ngram (not yet with --chat, "
-                        "--full-recompute, or another draft in --serve)\n");
+    if (draft->kind != DRAFT_NONE && (o->full_recompute || (o->serve && draft->kind != DRAFT_NGRAM))) {
+        fprintf(stderr, "k3: --draft works with --ids/--prompt runs, --chat and --serve --draft ngram (not with "
+                        "--full-recompute, nor another draft in --serve)\n");
         draft_close(draft);
         return EXIT_USAGE;
     }
@@ -811,7 +811,7 @@ static int serve_main(const options *o, engine *en, const tokenizer *tok, const 
 
 /* Step 5b (--chat): the REPL over the engine, at the planned context; an exit status. */
 static int chat_main(const options *o, size_t plan_ctx, engine *en, const tokenizer *tok, const state_fingerprint *fp,
-                     snap_store *snaps) {
+                     snap_store *snaps, run_info *ri) {
     chat_options co;
     chat_options_default(&co);
     co.system = o->system;
@@ -826,6 +826,11 @@ static int chat_main(const options *o, size_t plan_ctx, engine *en, const tokeni
     co.fp = fp;
     co.load_state = o->load_state;
     co.snaps = snaps;
+    if (ri->draft && ri->draft->kind != DRAFT_NONE) {
+        co.draft = ri->draft;
+        co.draft_max = (size_t)o->draft_max;
+        co.draft_per_position = ri->plan->spec_per_position;
+    }
     return chat_repl(en, tok, &co, stdin, stdout, stderr);
 }
 
@@ -1014,7 +1019,7 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
         en.on_route_ctx = trace;
     }
     if (o.serve || o.chat) {
-        status = o.serve ? serve_main(&o, &en, tok, &fp, &ri) : chat_main(&o, plan_ctx, &en, tok, &fp, snaps);
+        status = o.serve ? serve_main(&o, &en, tok, &fp, &ri) : chat_main(&o, plan_ctx, &en, tok, &fp, snaps, &ri);
         if (trace) fclose(trace);
         goto done;
     }

@@ -83,6 +83,19 @@ rm "$T/othertok/tokenizer_config.json"; { cat tests/models/m13/tokenizer_config.
 "$K3" $M --ids $P --gen 3 --draft ngram --draft-model tests/models/m13 2>/dev/null; [ $? -eq 2 ] || bad "--draft ngram with --draft-model must exit 2"
 "$K3" $M --ids $P --gen 3 --draft model 2>/dev/null; [ $? -eq 2 ] || bad "--draft model without --draft-model must exit 2"
 
+# --chat: the replies (two turns, a /reset, another turn) are those without speculation, greedy
+# and seeded, with n-gram and a draft model, both rollbacks; the stats line counts acceptances
+printf 'ab ab ab ab ab ab ab ab ab\nhello hello hello\n/reset\nab ab ab ab ab ab ab ab ab\n' > "$T/chat.in"
+for s in "" "--temperature 0.8 --seed 3"; do
+  "$K3" $M --chat --max-tokens 20 $s < "$T/chat.in" > "$T/chat0.out" 2>/dev/null || bad "chat ($s)"
+  for d in "--draft ngram" "--draft-model tests/models/m13" "--draft-model tests/models/m13 --draft-rollback refeed" "--draft-model tests/models/m14b12"; do
+    "$K3" $M --chat --max-tokens 20 $s $d < "$T/chat.in" > "$T/chat1.out" 2> "$T/chat1.err" || bad "chat ($s $d)"
+    cmp -s "$T/chat0.out" "$T/chat1.out" || bad "chat replies differ ($s $d)"
+  done
+done
+"$K3" $M --chat --max-tokens 20 --draft-model tests/models/m13 < "$T/chat.in" 2>&1 > /dev/null | grep -q "speculation: [1-9][0-9]* of" \
+  || bad "chat with a self-draft: no accepted proposal in the stats"
+
 # --serve --draft ngram: greedy and seeded requests (3 at once over 2 slots) give the same
 # completions, logprobs and finish reasons as a server without speculation
 serve_run() { # NAME ARGS...: starts, sends the requests, stops; bodies in $T/NAME.*.json

@@ -3,7 +3,7 @@
 # real-width model, in one hold of $BENCH_LOCK. Writes one JSON file per run into OUT
 # (default /tmp/k3-bench-spec) plus load.txt and ceilings.txt; progress on stderr.
 # PARTS: "spec mpi" (default both), or "rollback" (per-position states vs re-feed at 0 % and
-# partial acceptance, every 3rd proposal wrong). GEN (default 8).
+# partial acceptance, every 3rd proposal wrong; KS: the K values, default "1 2 4"). GEN (default 8).
 set -u
 cd "$(dirname "$0")/.."
 MODEL=${MODEL:-/work/models-big/rw6}
@@ -45,7 +45,7 @@ for part in $PARTS; do
     py 'import sys; ids=open(sys.argv[1]).read().split(); print(" ".join(str((int(x)+1)%int(sys.argv[2])) if (i+1)%3==0 else x for i,x in enumerate(ids)))' "$OUT/right.txt" "${VOCAB:-163000}" > "$OUT/part.txt"
     run ids100_k4 bin/k3 "$MODEL" --ids $ids8 --gen $GEN --workers 0 --draft ids --draft-ids "$OUT/right.txt" --draft-max 4
     for rb in states refeed; do
-      for k in 1 2 4; do
+      for k in ${KS:-1 2 4}; do
         run "ids0_k${k}_$rb" bin/k3 "$MODEL" --ids $ids8 --gen $GEN --workers 0 --draft ids --draft-ids "$OUT/wrong.txt" --draft-max $k --draft-rollback $rb
         run "idspart_k${k}_$rb" bin/k3 "$MODEL" --ids $ids8 --gen $GEN --workers 0 --draft ids --draft-ids "$OUT/part.txt" --draft-max $k --draft-rollback $rb
       done

@@ -17,12 +17,14 @@
 # Environment: MODEL (default models-big/rw6, else /work/models-big/rw6), K3 (bin/k3),
 # BASE_K3 (optional: an older bin/k3 run with the same commands, for a before/after
 # column), BENCH_LOCK (default /work/bench.lock if /work exists, else /tmp/k3-bench.lock),
-# GEN (tokens generated, default 8), STREAM_GB (default 7).
+# GEN (tokens generated, default 8), STREAM_GB (default 7), RUNS (which runs besides the
+# all-threads decode: default "dec1 pre72 stream").
 set -eu
 cd "$(dirname "$0")/.."
 K3=${K3:-bin/k3}
 GEN=${GEN:-8}
 STREAM_GB=${STREAM_GB:-7}
+RUNS=${RUNS:-dec1 pre72 stream} # besides the all-threads decode (always run)
 if [ -z "${MODEL:-}" ]; then
   if [ -f models-big/rw6/config.json ]; then MODEL=models-big/rw6; else MODEL=/work/models-big/rw6; fi
 fi
@@ -81,9 +83,9 @@ for who in new ${BASE_K3:+base}; do
   bin=$K3
   [ "$who" = base ] && bin=$BASE_K3
   run "$who-dec$NT" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --preset max
-  [ "$NT" -gt 1 ] && run "$who-dec1" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads 1 --preset max
-  run "$who-pre72" "$bin" --ids "$ids72" --gen 1 --workers 0 --threads "$NT" --preset max
-  run "$who-stream" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --mem-gb "$STREAM_GB"
+  case " $RUNS " in *" pre72 "*) run "$who-pre72" "$bin" --ids "$ids72" --gen 1 --workers 0 --threads "$NT" --preset max ;; esac
+  case " $RUNS " in *" dec1 "*) [ "$NT" -gt 1 ] && run "$who-dec1" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads 1 --preset max ;; esac
+  case " $RUNS " in *" stream "*) run "$who-stream" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --mem-gb "$STREAM_GB" ;; esac
 done
 
 log "ceilings (after)"

@@ -640,6 +640,7 @@ static int make_plan(const options *o, const k3_config *cfg, const k3_model *m, 
     if (plan_make_spec(plan, cfg, m, budget, n_workers, (size_t)o->chunk, ctx, &sp, err)) {
         if (!(spec_k && !strcmp(rb, "auto"))) return -1;
         k3_error e2 = {0};
+        plan_free(plan); /* the refused plan's walk */
         sp.per_position = 0;
         if (plan_make_spec(plan, cfg, m, budget, n_workers, (size_t)o->chunk, ctx, &sp, &e2)) return -1;
     }

@@ -56,6 +56,7 @@ typedef struct {
     int prompt_kept;      /* the state at the end of the prompt went to the snapshot store */
     int push_failed;      /* on_token could not store a token (out of memory) */
     int forced;           /* the request's forced ids are in */
+    uint64_t admitted;    /* admission number of its request (prompts are fed oldest first) */
     gen_event ev[SCHED_EVENTS];
     size_t n_ev;
 } slot;
@@ -75,6 +76,7 @@ struct scheduler {
     pthread_t th;
     int th_ok, stop;
     sched_stats stats;
+    uint64_t n_admitted;
     uint64_t step_spec[3]; /* the last step's verification passes, proposals, acceptances */
 };
 
@@ -280,6 +282,7 @@ static void admit(scheduler *s) {
                 }
             }
         }
+        sl->admitted = ++s->n_admitted;
         sl->prompt_end = sl->g.n;
         sl->prompt_kept = 0;
         sl->push_failed = 0;
@@ -420,18 +423,30 @@ static void *loop(void *arg) {
         }
         admit(s);
         /* the batch: decoding slots first (one id each), then the prompts, which share what is
-         * left of the step's rows (the engine's max_rows) in chunks of at most cfg.chunk, so a
-         * long prompt never stalls the others for more than one chunk */
-        size_t n = 0;
+         * left of the step's rows (the engine's max_rows) in chunks of at most cfg.chunk, oldest
+         * request first, so a long prompt never stalls the others for more than one chunk */
+        size_t n = 0, n_dec;
         size_t pos0[GEN_MAX_BATCH];
-        for (int pass = 0; pass < 2; pass++)
+        for (int pass = 0; pass < 2; pass++) {
+            n_dec = n;
             for (size_t i = 0; i < P; i++) {
                 slot *sl = &s->slots[i];
                 if (!sl->req || (sl->g.st.pos >= sl->prompt_end) != (pass == 0)) continue;
-                pos0[n] = sl->g.st.pos;
-                s->batch[n] = &sl->g;
                 s->batch_slot[n++] = i;
             }
+        }
+        /* prompts in the order their requests were admitted: the oldest gets its rows first */
+        for (size_t a = n_dec + 1; a < n; a++)
+            for (size_t b = a; b > n_dec && s->slots[s->batch_slot[b - 1]].admitted > s->slots[s->batch_slot[b]].admitted; b--) {
+                size_t t = s->batch_slot[b];
+                s->batch_slot[b] = s->batch_slot[b - 1];
+                s->batch_slot[b - 1] = t;
+            }
+        for (size_t j = 0; j < n; j++) {
+            slot *sl = &s->slots[s->batch_slot[j]];
+            pos0[j] = sl->g.st.pos;
+            s->batch[j] = &sl->g;
+        }
         pthread_mutex_unlock(&s->mu);
         if (n == 0) continue;
         k3_error err = {0};

@@ -8,8 +8,8 @@
  * - A step is the one generation step of generate.h, gen_step_batch, over every active slot
  *   (the same loop as `--ids` and the chat): newcomers from the queue take free slots (their
  *   prompt pushed as pending ids); decoding slots come first in the batch (one id each: the last
- *   pick), then prompts, which get what is left of the engine's max_rows in chunks of at most
- *   `chunk`, so a long prompt never stalls the others for more than one chunk. One forward call
+ *   pick), then prompts (oldest request first), which get what is left of the engine's max_rows in
+ *   chunks of at most `chunk`, so a long prompt never stalls the others for more than one chunk. One forward call
  *   runs them all (forward_batch: the trunk and each routed expert read once per step). A slot
  *   whose prompt is fed picks with its own sampler from its own row; picks stream through the
  *   gen_seq's on_token hook. Per-sequence bits are independent of the batch and of chunking

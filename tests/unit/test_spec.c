@@ -313,12 +313,58 @@ static void test_sched_spec(test_engine *te, const char *name) {
     }
 }
 
+/* gen_feed (gen_step_batch's step without the pick): every watched row and the last row equal
+ * feed_tokens' logits at chunk 4 and at chunk 16, nothing is picked, and the state is that of
+ * feed_tokens (the same bits). */
+typedef struct { float *rows; size_t V; } feed_rows;
+static void keep_feed_row(void *ctx, size_t pos, const float *row) {
+    feed_rows *fr = ctx;
+    memcpy(fr->rows + pos * fr->V, row, fr->V * sizeof *row);
+}
+
+static void test_feed(test_engine *te, const char *name) {
+    const k3_config *c = &te->m.cfg;
+    k3_error err = {0};
+    size_t V = (size_t)c->vocab_size, rb = seq_state_recurrent_bytes(c);
+    int32_t ids[NP];
+    prompt_of(c->vocab_size, ids);
+    float *want = malloc(NP * V * sizeof *want), *got = malloc(NP * V * sizeof *got);
+    char *s0 = malloc(rb + 1), *s1 = malloc(rb + 1);
+    seq_state st;
+    if (!want || !got || !s0 || !s1 || seq_state_init(&st, c, &err)) die("out of memory");
+    if (feed_tokens(&te->en, &st, ids, NP, 16, 0, want, &err)) die(err.msg);
+    seq_state_save_recurrent(&st, c, s0);
+    sampler_config sc;
+    sampler_config_default(&sc);
+    for (int watch = 0; watch < 2; watch++)
+        for (size_t chunk = 4; chunk <= 16; chunk += 12) {
+            gen_seq g;
+            feed_rows fr = {got, V};
+            memset(got, 0, NP * V * sizeof *got);
+            if (gen_seq_init(&g, c, &sc, NULL, 0, NP + 1, &err) || gen_seq_push(&g, ids, NP, &err)) die(err.msg);
+            if (watch && gen_seq_watch_rows(&g, 0, chunk, keep_feed_row, &fr, &err)) die(err.msg);
+            CHECK(gen_feed(&te->en, &g, chunk, &err) == 0, "%s gen_feed: %s", name, err.msg);
+            CHECK(g.n == NP && g.st.pos == NP, "%s gen_feed chunk %zu: %zu ids, %zu fed", name, chunk, g.n, g.st.pos);
+            if (watch) CHECK(!memcmp(got, want, NP * V * sizeof *got), "%s gen_feed chunk %zu: watched rows", name, chunk);
+            else CHECK(!memcmp(g.row, want + (NP - 1) * V, V * sizeof *got), "%s gen_feed chunk %zu: last row", name, chunk);
+            seq_state_save_recurrent(&g.st, c, s1);
+            CHECK(!memcmp(s0, s1, rb), "%s gen_feed chunk %zu: state", name, chunk);
+            gen_seq_free(&g);
+        }
+    seq_state_free(&st);
+    free(want);
+    free(got);
+    free(s0);
+    free(s1);
+}
+
 int main(void) {
     const char *models[] = {"tests/models/m13", "tests/models/m14b12"};
     for (size_t i = 0; i < 2; i++) {
         test_engine te;
         test_engine_open(&te, models[i], 16, 256);
         test_keep(&te, models[i]);
+        test_feed(&te, models[i]);
         test_spec(&te, models[i]);
         test_spec_batch(&te, models[i]);
         test_sched_spec(&te, models[i]);

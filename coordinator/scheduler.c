@@ -1,5 +1,6 @@
 /* scheduler.c - slots, queue and batched steps of the server (contract: scheduler.h). */
 #include "coordinator/scheduler.h"
+#include "common/mono_clock.h"
 #include "coordinator/draft.h"
 
 #include <math.h>
@@ -8,11 +9,6 @@
 #include <string.h>
 #include <time.h>
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 gen_request *gen_request_new(void) {
     gen_request *r = calloc(1, sizeof *r);
@@ -85,8 +81,8 @@ static void finish(gen_request *r, int why, const char *msg) {
     if (!r->done) {
         r->done = 1;
         r->finish = why;
-        r->t_done = now_s();
-        if (msg) snprintf(r->error, sizeof r->error, "%s", msg);
+        r->t_done = k3_now_s();
+        if (msg) snprintf(r->error, sizeof r->error, "%.*s", (int)(sizeof r->error - 1), msg); /* cut to fit */
     }
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
@@ -154,7 +150,7 @@ static int push_token(scheduler *s, gen_request *r, const float *row, int32_t id
             r->top_lp[n * k + j] = (float)tlp[j];
         }
     }
-    if (n == 0) r->t_first = now_s();
+    if (n == 0) r->t_first = k3_now_s();
     r->n_out = n + 1;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
@@ -250,7 +246,7 @@ static void admit(scheduler *s) {
         size_t have = best >= 0 ? best_len : 0;
         k3_error e = {0};
         sl->req = r;
-        r->t_start = now_s();
+        r->t_start = k3_now_s();
         if (slot_configure(sl, r, &e)) {
             finish(r, FINISH_ERROR, e.msg);
             slot_free_req(s, sl);
@@ -450,9 +446,9 @@ static void *loop(void *arg) {
         pthread_mutex_unlock(&s->mu);
         if (n == 0) continue;
         k3_error err = {0};
-        double t0 = now_s();
+        double t0 = k3_now_s();
         int bad = step(s, n, &err);
-        double dt = now_s() - t0;
+        double dt = k3_now_s() - t0;
         pthread_mutex_lock(&s->mu);
         s->stats.steps++;
         s->stats.spec_passes += s->step_spec[0];
@@ -560,7 +556,7 @@ int sched_submit(scheduler *s, gen_request *r) {
     else {
         pthread_mutex_lock(&r->mu);
         r->refs++;
-        r->t_submit = now_s();
+        r->t_submit = k3_now_s();
         pthread_mutex_unlock(&r->mu);
         s->queue[(s->q_head + s->q_len) % s->cfg.max_queue] = r;
         s->q_len++;

@@ -1,6 +1,7 @@
 /* kernels_avx512.c - AVX-512 dot products of the exact kernel contract (kernels.h):
  * the 8 double lanes live in one __m512d; products are formed exactly in double
- * (multiply, then add: never FMA), tails add +0.0 to the empty lanes, and the
+ * (multiply, then add; the one-token MXFP4 row kernel uses FMA, which is the same
+ * bits because its products are exact), tails add +0.0 to the empty lanes, and the
  * lanes are reduced in the fixed order of k3_reduce8. Single-row dots plus
  * K3_ROWBLOCK-row kernels that run the same per-row operations interleaved.
  * Compiled with -mavx512f -mavx512bw -mavx512dq -mavx512vl. */
@@ -8,6 +9,7 @@
 
 #ifdef K3_HAVE_X86_KERNELS
 #include <immintrin.h>
+#include <pthread.h>
 
 #if K3_ROWBLOCK != 4
 #error "the row-block kernels below are written for 4 rows"
@@ -243,7 +245,34 @@ float k3_dot_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const fl
     return reduce512(acc);
 }
 
+/* The one-token row-block kernel (the decode hot spot), with fewer uops on the two
+ * vector ports per 8 weights than the shared block above:
+ * - fma(w, x, acc) instead of acc + w*x: w = E2M1 * 2^(s-127) has at most 2
+ *   significant bits and x is a float (24), so w*x is exact in double (the exponents
+ *   stay far inside the double range) and the fma rounds once, exactly like the add;
+ * - the block scale is read from a 256-entry table of doubles, so its broadcast is a
+ *   load (no GPR->vector move and shuffle); the packed words are broadcast from memory.
+ * Products, lanes and the per-lane order are those of the scalar reference. */
+static double mxfp4_scale_tab[256];
+static void mxfp4_scale_tab_init(void) {
+    for (unsigned i = 0; i < 256; i++) mxfp4_scale_tab[i] = k3_mxfp4_scale((uint8_t)i);
+}
+
+static inline __m512d mxfp4_block_fma(const mxfp4_consts *c, __m512d acc, const uint8_t *packed, uint8_t scale,
+                                      __m512d x0, __m512d x1, __m512d x2, __m512d x3) {
+    __m512d s = _mm512_set1_pd(mxfp4_scale_tab[scale]);
+    __m512d tpos = _mm512_mul_pd(c->pos, s), tneg = _mm512_mul_pd(c->neg, s);
+    __m512i q0 = bcast_word(packed), q1 = bcast_word(packed + 8);
+    acc = _mm512_fmadd_pd(_mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q0, c->sh_lo), tneg), x0, acc);
+    acc = _mm512_fmadd_pd(_mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q0, c->sh_hi), tneg), x1, acc);
+    acc = _mm512_fmadd_pd(_mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q1, c->sh_lo), tneg), x2, acc);
+    acc = _mm512_fmadd_pd(_mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q1, c->sh_hi), tneg), x3, acc);
+    return acc;
+}
+
 void k3_rows_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out) {
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, mxfp4_scale_tab_init);
     const mxfp4_consts c = mxfp4_init();
     const size_t pr = n / 2, sr = n / 32; /* row strides */
     __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
@@ -251,10 +280,10 @@ void k3_rows_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const fl
         const float *xb = x + b * 32;
         const uint8_t *p = packed + b * 16, *s = scales + b;
         __m512d x0 = f32x8(xb), x1 = f32x8(xb + 8), x2 = f32x8(xb + 16), x3 = f32x8(xb + 24);
-        a0 = mxfp4_block(&c, a0, p, s[0], x0, x1, x2, x3);
-        a1 = mxfp4_block(&c, a1, p + pr, s[sr], x0, x1, x2, x3);
-        a2 = mxfp4_block(&c, a2, p + 2 * pr, s[2 * sr], x0, x1, x2, x3);
-        a3 = mxfp4_block(&c, a3, p + 3 * pr, s[3 * sr], x0, x1, x2, x3);
+        a0 = mxfp4_block_fma(&c, a0, p, s[0], x0, x1, x2, x3);
+        a1 = mxfp4_block_fma(&c, a1, p + pr, s[sr], x0, x1, x2, x3);
+        a2 = mxfp4_block_fma(&c, a2, p + 2 * pr, s[2 * sr], x0, x1, x2, x3);
+        a3 = mxfp4_block_fma(&c, a3, p + 3 * pr, s[3 * sr], x0, x1, x2, x3);
     }
     out[0] = reduce512(a0);
     out[1] = reduce512(a1);

@@ -122,7 +122,10 @@ PYEOF
 ) || fail "could not find the experts of the last shard"
 K3_EXPERTD="$FAULTS" K3_FAULT=pause:30:0 "$K3" "$C" --ids "$ids" --gen 12 --workers 1 --expert-cache-mb 0.02 > "$T/t.out" 2> "$T/t.err" &
 cpid=$!
-sleep 1.2
+# truncate once the server has opened the shard (its start-up line), not after a fixed sleep:
+# on a loaded host a server not yet started would refuse the short file at open instead
+for _ in $(seq 300); do grep -q "worker 0 pid" "$T/t.err" 2>/dev/null && break; sleep 0.1; done
+sleep 0.3
 truncate -s "$cut" "$last"
 wait $cpid
 rc=$?

@@ -627,14 +627,15 @@ static size_t planned_context(const options *o, size_t n_prompt) {
 }
 
 /* THE plan of a run and of --plan-only (m == NULL: from the config alone): the same
- * inputs give the same plan, --expert-cache-mb included. */
+ * inputs give the same plan, --expert-cache-mb included. mpi_ranks: --mpi's expert ranks
+ * (rank 0's plan: no experts in this process), 0 without --mpi. */
 static int make_plan(const options *o, const k3_config *cfg, const k3_model *m, uint64_t budget, int n_workers, size_t ctx,
-                     mem_plan *plan, k3_error *err) {
+                     int mpi_ranks, mem_plan *plan, k3_error *err) {
     /* speculation: --draft-max proposals; rollback from per-position states unless refused or
      * (auto) the budget does not hold them, then one copy and a re-feed */
     size_t spec_k = (o->draft && strcmp(o->draft, "none")) || o->draft_model ? (size_t)o->draft_max : 0;
     const char *rb = o->draft_rollback ? o->draft_rollback : "auto";
-    plan_spec sp = {spec_k, strcmp(rb, "refeed") != 0, 0, o->serve ? (size_t)o->parallel : 1};
+    plan_spec sp = {spec_k, strcmp(rb, "refeed") != 0, 0, o->serve ? (size_t)o->parallel : 1, o->mpi ? mpi_ranks : 0};
     if (o->draft_model && draft_model_plan_bytes(o->draft_model, (size_t)o->chunk, ctx + spec_k, &sp.draft_model_bytes, err))
         return -1;
     if (plan_make_spec(plan, cfg, m, budget, n_workers, (size_t)o->chunk, ctx, &sp, err)) {
@@ -651,12 +652,23 @@ static int make_plan(const options *o, const k3_config *cfg, const k3_model *m, 
     return 0;
 }
 
+/* --plan-only --mpi: rank 0's plan for the expert ranks of the `mpirun -np N` it runs under
+ * (N - 1, from Open MPI's OMPI_COMM_WORLD_SIZE; MPI is not started; only rank 0 prints),
+ * else (no mpirun) for one expert rank. */
+static int plan_only_mpi_ranks(void) {
+    const char *e = getenv("OMPI_COMM_WORLD_SIZE");
+    long n = e ? strtol(e, NULL, 10) : 0;
+    return n > 2 && n < 100000 ? (int)(n - 1) : 1;
+}
+
 /* --plan-only: the plan from config.json alone (no weights needed). */
 static int plan_only(const options *o) {
     k3_config cfg;
     k3_error err = {0};
     uint64_t budget;
     if (budget_bytes(o, &budget)) return EXIT_USAGE;
+    const char *rank = getenv("OMPI_COMM_WORLD_RANK");
+    if (o->mpi && rank && strcmp(rank, "0")) return EXIT_OK; /* under mpirun: rank 0 prints the plan */
     if (config_load(o->model_dir, &cfg, &err)) { fprintf(stderr, "k3: refusing model: %s\n", err.msg); return EXIT_USAGE; }
     mem_plan plan;
     k3_topology topo;
@@ -665,7 +677,7 @@ static int plan_only(const options *o) {
     int n_servers = pl.n_servers;
     placement_free(&pl);
     topology_free(&topo);
-    int rc = make_plan(o, &cfg, NULL, budget, n_servers, planned_context(o, 0), &plan, &err);
+    int rc = make_plan(o, &cfg, NULL, budget, n_servers, planned_context(o, 0), plan_only_mpi_ranks(), &plan, &err);
     if (rc) fprintf(stderr, "k3: %s\n", err.msg);
     else plan_print(&plan, &cfg, stdout);
     plan_free(&plan);
@@ -971,7 +983,7 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
         goto done;
     }
     size_t ctx = planned_context(&o, n);
-    if (make_plan(&o, &m.cfg, &m, budget, ri.n_workers, ctx, &plan, &err)) {
+    if (make_plan(&o, &m.cfg, &m, budget, ri.n_workers, ctx, *mpi_size - 1, &plan, &err)) {
         fprintf(stderr, "k3: %s\n", err.msg);
         goto done;
     }

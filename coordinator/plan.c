@@ -100,6 +100,7 @@ int plan_make_spec(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t 
         p->spec_bytes = p->spec_seqs * gen_spec_bytes(c, sp->k, sp->per_position);
         p->draft_model_bytes = sp->draft_model_bytes;
     }
+    if (sp && sp->mpi_ranks > 0 && W == 0) p->mpi_ranks = sp->mpi_ranks;
     p->budget = budget;
     p->n_workers = W;
     p->chunk = T;
@@ -130,11 +131,14 @@ int plan_make_spec(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t 
     /* the engine's arena, from the layout code that carves it (forward_scratch_bytes), plus
      * two rows of logits per chunk token (the generator's) and, in-process, the expert batch */
     p->scratch_bytes = forward_scratch_bytes(c, (size_t)T, (size_t)ctx, omp_get_max_threads(), p->lm_chunk_rows) +
-                       Tn * V * 4 * 2 + (W == 0 ? Tn * k * 4 * (2 * L + 2 * I) : 0);
+                       Tn * V * 4 * 2 + (W == 0 && !p->mpi_ranks ? Tn * k * 4 * (2 * L + 2 * I) : 0);
     uint64_t pairs = Tn * k;
     uint64_t ring_one = 2 * (RU(256 + 12 * pairs) + RU(Tn * L * 4) + RU(pairs * L * 4) + 256) + PAGE;
     p->ring_bytes = W ? (uint64_t)W * ring_one * 2 : 0; /* mapped by both sides: counted twice */
     p->worker_scratch_bytes = W ? (uint64_t)W * (pairs * 4 * (2 * L + 2 * I) + pairs * 16 + Tn * L * 4) : 0;
+    /* --mpi: per expert rank a request (16-byte head, rows, pairs), an answer (rows, 1200 bytes
+     * for an error text or the seconds) and the pair indices: experts_mpi_create's buffers */
+    p->mpi_bytes = (uint64_t)p->mpi_ranks * (16 + Tn * L * 4 + pairs * 8 + pairs * L * 4 + 1200 + pairs * 4);
     p->expert_slot_bytes = ls_buffer_bytes(ls_expert_bytes(c)); /* = expert_cache_slot_bytes: one slot, one size */
     p->n_experts_total = n_moe * N;
     p->slot_bytes = 0;
@@ -142,11 +146,11 @@ int plan_make_spec(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t 
         p->walk_total += p->walk_bytes[i];
         if (p->walk_bytes[i] > p->slot_bytes) p->slot_bytes = p->walk_bytes[i];
     }
-    uint64_t servers = W ? (uint64_t)W : 1;
+    uint64_t servers = p->mpi_ranks ? 0 : W ? (uint64_t)W : 1; /* expert caches in this plan */
     uint64_t fixed = (1 + (uint64_t)W) * p->process_bytes + p->small_bytes + p->state_bytes + p->scratch_bytes +
-                     p->ring_bytes + p->worker_scratch_bytes + p->spec_bytes + p->draft_model_bytes;
+                     p->ring_bytes + p->worker_scratch_bytes + p->spec_bytes + p->draft_model_bytes + p->mpi_bytes;
     p->floor = fixed + PLAN_MIN_SLOTS * p->slot_bytes + servers * p->expert_slot_bytes;
-    uint64_t per_server_all = ((p->n_experts_total + servers - 1) / servers) * p->expert_slot_bytes;
+    uint64_t per_server_all = servers ? ((p->n_experts_total + servers - 1) / servers) * p->expert_slot_bytes : 0;
     if (budget == 0) { /* everything resident */
         p->n_pinned = p->n_walk;
         p->pinned_bytes = p->walk_total;
@@ -173,7 +177,7 @@ int plan_make_spec(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t 
             p->n_pinned++;
         }
     }
-    uint64_t cache = p->expert_slot_bytes + extra / servers / p->expert_slot_bytes * p->expert_slot_bytes;
+    uint64_t cache = servers ? p->expert_slot_bytes + extra / servers / p->expert_slot_bytes * p->expert_slot_bytes : 0;
     p->expert_cache_per_worker = cache < per_server_all ? cache : per_server_all;
     p->total = fixed + p->pinned_bytes + (uint64_t)p->n_slots * p->slot_bytes + servers * p->expert_cache_per_worker;
     p->snapshot_bytes = budget > p->total ? budget - p->total : 0;
@@ -181,6 +185,7 @@ int plan_make_spec(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t 
 }
 
 int plan_set_expert_cache(mem_plan *p, uint64_t bytes, k3_error *err) {
+    if (p->mpi_ranks) return 0; /* the expert ranks' caches, not this process's */
     if (bytes < p->expert_slot_bytes)
         return k3_fail(err, "an expert cache of %llu bytes is below one expert slot (%llu bytes)", (unsigned long long)bytes,
                        (unsigned long long)p->expert_slot_bytes);
@@ -198,9 +203,14 @@ void plan_free(mem_plan *p) {
 
 void plan_print(const mem_plan *p, const k3_config *c, FILE *f) {
     uint64_t servers = p->n_workers ? (uint64_t)p->n_workers : 1;
-    fprintf(f, "memory plan (%s, %d layers, %d experts/layer, %d expert server%s%s):\n",
-            p->budget ? "budget" : "everything resident", c->num_hidden_layers, c->num_experts, p->n_workers,
-            p->n_workers == 1 ? "" : "s", p->n_workers ? "" : " = in-process");
+    if (p->mpi_ranks)
+        fprintf(f, "memory plan (%s, %d layers, %d experts/layer, MPI rank 0: the experts on %d expert rank%s):\n",
+                p->budget ? "budget" : "everything resident", c->num_hidden_layers, c->num_experts, p->mpi_ranks,
+                p->mpi_ranks == 1 ? "" : "s");
+    else
+        fprintf(f, "memory plan (%s, %d layers, %d experts/layer, %d expert server%s%s):\n",
+                p->budget ? "budget" : "everything resident", c->num_hidden_layers, c->num_experts, p->n_workers,
+                p->n_workers == 1 ? "" : "s", p->n_workers ? "" : " = in-process");
     if (p->budget) fprintf(f, "  budget                 %12.3f GiB\n", p->budget / GIB);
     fprintf(f, "  processes              %12.1f MiB  (%d x %.1f MiB: code, index, slack)\n",
             (1 + p->n_workers) * p->process_bytes / MIB, 1 + p->n_workers, p->process_bytes / MIB);
@@ -218,11 +228,18 @@ void plan_print(const mem_plan *p, const k3_config *c, FILE *f) {
                 p->draft_model_bytes / MIB);
     if (p->n_workers)
         fprintf(f, "  rings + server scratch %12.1f MiB\n", (p->ring_bytes + p->worker_scratch_bytes) / MIB);
+    if (p->mpi_ranks)
+        fprintf(f, "  MPI buffers            %12.1f MiB  (%d x %.1f MiB: a request and an answer per expert rank)\n",
+                p->mpi_bytes / MIB, p->mpi_ranks, p->mpi_bytes / MIB / p->mpi_ranks);
     fprintf(f, "  trunk pinned           %12.1f MiB  (%d of %d walk units, %.1f MiB in all)\n", p->pinned_bytes / MIB,
             p->n_pinned, p->n_walk, p->walk_total / MIB);
     fprintf(f, "  trunk streaming        %12.1f MiB  (%d slots x %.1f MiB; lm head in chunks of %zu rows)\n",
             p->n_slots * p->slot_bytes / MIB, p->n_slots, p->slot_bytes / MIB, p->lm_chunk_rows);
-    fprintf(f, "  expert cache           %12.1f MiB  (%llu x %.1f MiB = %llu experts of %.2f MiB per server; %llu experts in all)\n",
+    if (p->mpi_ranks)
+        fprintf(f, "  expert cache           none in this process (%llu experts in all, on the %d expert rank%s)\n",
+                (unsigned long long)p->n_experts_total, p->mpi_ranks, p->mpi_ranks == 1 ? "" : "s");
+    else
+        fprintf(f, "  expert cache           %12.1f MiB  (%llu x %.1f MiB = %llu experts of %.2f MiB per server; %llu experts in all)\n",
             servers * p->expert_cache_per_worker / MIB, (unsigned long long)servers, p->expert_cache_per_worker / MIB,
             (unsigned long long)(p->expert_cache_per_worker / p->expert_slot_bytes), p->expert_slot_bytes / MIB,
             (unsigned long long)p->n_experts_total);

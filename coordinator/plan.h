@@ -46,6 +46,9 @@ typedef struct {
     int spec_per_position;              /* rollback from per-position states (else re-feed) */
     uint64_t spec_bytes;                /* k+1 logits rows and the state copies (gen_spec_bytes) */
     uint64_t draft_model_bytes;         /* --draft-model: its weights, state and scratch, resident */
+    int mpi_ranks;                      /* --mpi: expert ranks holding every expert (0: not --mpi); this
+                                           process (rank 0) has no expert cache, slot or batch scratch */
+    uint64_t mpi_bytes;                 /* --mpi: rank 0's request/answer buffers, one set per expert rank */
     uint64_t snapshot_bytes;            /* prefix snapshots in memory (snapshots.h): what the budget
                                            leaves after the total; 4 states of max_context when
                                            everything is resident */
@@ -60,14 +63,20 @@ typedef struct {
     int per_position;
     uint64_t draft_model_bytes;  /* draft_model_plan_bytes, 0 without --draft-model */
     size_t seqs;                 /* sequences speculating at once (--serve: --parallel); 0 = 1 */
+    int mpi_ranks;               /* --mpi: the plan of rank 0, experts on this many ranks (0: not --mpi) */
 } plan_spec;
 /* plan_make with speculation (sp NULL or k 0: none, = plan_make); its buffers and a draft
- * model are more fixed lines ("speculation", "draft model"), in the floor. */
+ * model are more fixed lines ("speculation", "draft model"), in the floor. With
+ * sp->mpi_ranks > 0 (--mpi, n_workers 0) it is rank 0's plan: no expert cache, no expert
+ * slot and no expert-batch scratch (rank 0 computes no expert; experts_mpi.h), but its
+ * MPI buffers (the "MPI buffers" line, in the floor); what the budget leaves after the
+ * trunk goes to the prefix snapshots. */
 int plan_make_spec(mem_plan *p, const k3_config *cfg, const k3_model *m, uint64_t budget, int n_workers, size_t chunk,
                    size_t max_context, const plan_spec *sp, k3_error *err);
 /* --expert-cache-mb: every server's cache is `bytes` (whole slots of expert_slot_bytes:
  * exactly what expert_cache_create makes of them) instead of the budget's share;
- * total follows. Refused (naming the minimum) below one slot. */
+ * total follows. Refused (naming the minimum) below one slot. Under --mpi (mpi_ranks > 0)
+ * the caches are the expert ranks' and the plan does not change. */
 int plan_set_expert_cache(mem_plan *p, uint64_t bytes, k3_error *err);
 void plan_free(mem_plan *p);
 void plan_print(const mem_plan *p, const k3_config *cfg, FILE *f);

@@ -5,7 +5,8 @@
 # fails without a wrong token and no rank is left behind; expert ranks with local servers
 # behind them (--mpi --workers N), mixed with TCP and shared memory, a local restart, a slow
 # request kept alive by heartbeats under a short timeout; --json "mpi" counters
-# (per rank and per decode token) present and consistent with the message format; a
+# (per rank and per decode token) present and consistent with the message format; rank 0's
+# memory plan (no in-process expert cache; --plan-only --mpi prints the same); a
 # SIGKILLed mpirun leaves no rank and no local server; two hosts in network namespaces
 # joined by a veth pair (when `ip netns` works here, else SKIP for that part).
 set -u
@@ -79,6 +80,23 @@ K3_EXPERTD="$(dirname "$K3ABS")/k3-expertd-faults" K3_FAULT=crash:5:1 timeout 30
   --threads 1 > "$T/m.ids" 2> "$T/m.err" || { tail -5 "$T/m.err"; bad "a crashed local server failed the run"; }
 cmp -s "$T/m.ids" "$T/ref.ids" || bad "ids differ after a local server restart"
 grep -q "worker 1 failed (killed by signal 9); restarting" "$T/m.err" || bad "no local restart reported"
+# rank 0's memory plan: no in-process expert cache (the experts are on the expert ranks), its MPI
+# buffers per expert rank; `--plan-only --mpi` under the same mpirun prints that plan once (rank 0);
+# the ids do not change
+plan_of() { awk '/^memory plan/{p=1} p{print} p&&/^  total/{exit}' "$1"; }
+PA="--mem-gb 0.05 --max-context 40"
+timeout 300 $MPI -np 3 --mca btl self,vader "$K3" $M --ids $P --gen 10 --mpi --threads 1 $PA > "$T/m.ids" 2> "$T/m.err" \
+  || { tail -5 "$T/m.err"; bad "mpirun --mem-gb run failed"; }
+cmp -s "$T/m.ids" "$T/ref.ids" || bad "ids differ with a --mem-gb budget under --mpi"
+plan_of "$T/m.err" > "$T/plan.run"
+grep -q "^memory plan .*MPI rank 0: the experts on 2 expert ranks" "$T/plan.run" || { cat "$T/plan.run"; bad "rank 0's plan does not say where the experts are"; }
+grep -q "^  expert cache  *none in this process (.* on the 2 expert ranks)" "$T/plan.run" || bad "rank 0's plan has an in-process expert cache"
+grep -q "^  MPI buffers  *[0-9.]* MiB  (2 x " "$T/plan.run" || bad "rank 0's plan has no MPI buffers line"
+timeout 120 $MPI -np 3 "$K3" $M --plan-only --mpi $PA > "$T/only.out" 2> "$T/only.err" || { cat "$T/only.err"; bad "--plan-only --mpi under mpirun failed"; }
+[ "$(grep -c '^memory plan' "$T/only.out")" = 1 ] || bad "--plan-only --mpi: not exactly one plan printed"
+plan_of "$T/only.out" | diff - "$T/plan.run" || bad "--plan-only --mpi and rank 0 of the run print different plans"
+"$K3" $M --plan-only --mpi $PA | grep -q "experts on 1 expert rank)" || bad "--plan-only --mpi without mpirun: not one expert rank"
+
 # a request that takes 3 s (a local server pausing, with heartbeats) under a 1 s rank timeout:
 # the rank's heartbeats keep rank 0 waiting; the ids do not change
 K3_EXPERTD="$(dirname "$K3ABS")/k3-expertd-faults" K3_FAULT=pause:3:0:9 timeout 120 $MPI -np 2 -x K3_FAULT -x K3_EXPERTD \

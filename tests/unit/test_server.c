@@ -15,6 +15,7 @@
  *   logprob 0 and one top entry, and what follows them equals the same ids given as a prompt; a
  *   600-id prompt is fed 16 ids per step while a decoding sequence gets a token in every step. */
 #include "check.h"
+#include "harness.h"
 #include "common/kernels.h"
 #include "coordinator/chat_parse.h"
 #include "coordinator/experts_local.h"
@@ -387,37 +388,6 @@ static void test_tool_choice(void) {
 
 /* ---- the scheduler on m13 ---- */
 
-typedef struct {
-    k3_model m;
-    mem_plan plan;
-    trunk *tr;
-    expert_backend eb;
-    engine en;
-} test_engine;
-
-static int engine_open(test_engine *te, const char *dir) {
-    memset(te, 0, sizeof *te);
-    k3_error err = {0};
-    const kernels *k = kernels_get(SIMD_AUTO);
-    if (!k || model_load(dir, &te->m, &err)) return printf("engine: %s\n", err.msg), -1;
-    if (plan_make(&te->plan, &te->m.cfg, &te->m, 0, 0, 64, 4096, &err)) return printf("plan: %s\n", err.msg), -1;
-    trunk_config tc = {te->plan.n_pinned, te->plan.n_slots, te->plan.lm_chunk_rows};
-    if (!(te->tr = trunk_create(&te->m, &tc, &err))) return printf("trunk: %s\n", err.msg), -1;
-    if (experts_local_create(&te->eb, &te->m, k, te->plan.expert_cache_per_worker, CACHE_POLICY_DEFAULT, &err))
-        return printf("experts: %s\n", err.msg), -1;
-    te->en = (engine){.model = &te->m, .trunk = te->tr, .k = k, .experts = &te->eb};
-    if (engine_init(&te->en, 64, 4096, 2, &err)) return printf("engine_init: %s\n", err.msg), -1;
-    return 0;
-}
-
-static void engine_close(test_engine *te) {
-    engine_free(&te->en);
-    if (te->eb.destroy) te->eb.destroy(&te->eb);
-    trunk_free(te->tr);
-    plan_free(&te->plan);
-    model_free(&te->m);
-}
-
 static int32_t *ids_dup(const int32_t *a, size_t n) {
     int32_t *o = malloc((n ? n : 1) * sizeof *o);
     if (o && n) memcpy(o, a, n * sizeof *o);
@@ -441,16 +411,13 @@ static void wait_done(gen_request *r) {
 
 static void test_scheduler_forced(void) {
     test_engine te;
-    if (engine_open(&te, "tests/models/m13")) {
-        CHECK(0, "cannot open the m13 engine");
-        return;
-    }
+    test_engine_open(&te, "tests/models/m13", 64, 4096);
     k3_error err = {0};
     sched_config sc = {.parallel = 3, .max_queue = 8, .chunk = 16, .max_context = 1024};
     scheduler *s = sched_create(&te.en, &sc, &err);
     CHECK(s != NULL, "sched_create: %s", err.msg);
     if (!s) {
-        engine_close(&te);
+        test_engine_close(&te);
         return;
     }
     int32_t P[20], F[3] = {400, 401, 402};
@@ -527,7 +494,7 @@ static void test_scheduler_forced(void) {
     gen_request_release(a);
     for (int i = 0; i < 4; i++) gen_request_release(all[i]);
     sched_destroy(s);
-    engine_close(&te);
+    test_engine_close(&te);
 }
 
 int main(void) {

@@ -1,3 +1,4 @@
+#define _GNU_SOURCE /* nftw (tests/unit/harness.h) */
 /* test_server.c - the server's pure parts on the m13 tokenizer (K3 specials):
  * - xtml: the full rendering of K3-CHAT.md section 1 (tool-declare with 2 tools, thinking-effort,
  *   user, assistant with reasoning and a tool call, tool result, answer) decodes to the spec's text,

@@ -6,7 +6,8 @@
  * time per call, GB/s of weight bytes streamed, fraction of the read bandwidth
  * measured with the same thread count.
  * Usage: bench_kernels [--simd auto|avx2|avx512|scalar] [--quick]
- *        bench_kernels --ceilings   (only the read bandwidth and FMA peak, one line each) */
+ *        bench_kernels --ceilings   (only the ceilings, one line each: first touch of fresh
+ *                                    weight memory, read bandwidth, FMA peak) */
 #include <emmintrin.h>
 #include <omp.h>
 #include <stdio.h>
@@ -15,6 +16,7 @@
 #include <time.h>
 
 #include "common/kernels.h"
+#include "common/weight_mem.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -169,10 +171,39 @@ static double read_bandwidth_streams(const uint8_t *buf, size_t n, int S, int re
     return best;
 }
 
-/* The machine's ceilings for this run: read bandwidth (best of 1 stream and 2, 4, 8
- * independent streams per thread) and the double FMA peak, for 1 thread and all. */
+/* First touch of fresh weight memory: GB/s at which the kernel hands out new pages of a
+ * weight_mem_alloc buffer (the engine's weight memory: 2 MiB aligned, transparent huge
+ * pages) when nthr threads write one byte per 4 KiB page, i.e. the page faults and the
+ * clearing of the pages that every load into fresh memory pays, whatever reads into it.
+ * On a bare machine this is the memory clear rate; in a VM whose guest memory the
+ * hypervisor takes back when it is freed (balloon, free page reporting) it also counts
+ * the hypervisor backing each page again. The buffer is returned to the caller to keep
+ * mapped, so a second measurement does not reuse its pages. */
+static double first_touch(int nthr, size_t n, uint8_t **keep) {
+    uint8_t *p = weight_mem_alloc(n);
+    *keep = p;
+    if (!p) return 0;
+    double t0 = now_s();
+#pragma omp parallel for schedule(static, 64) num_threads(nthr)
+    for (size_t i = 0; i < n / 4096; i++) p[i * 4096] = 1;
+    return (double)n / (now_s() - t0) / 1e9;
+}
+
+/* The machine's ceilings for this run: first touch of fresh weight memory, read
+ * bandwidth (best of 1 stream and 2, 4, 8 independent streams per thread) and the
+ * double FMA peak, for 1 thread and all. */
 static int print_ceilings(void) {
     const size_t n = (size_t)512 << 20;
+    int nthr_max = omp_get_max_threads();
+    {
+        uint8_t *keep[2] = {NULL, NULL};
+        int th[2] = {nthr_max, 1};
+        double r[2] = {0, 0};
+        for (int ti = 0; ti < (nthr_max > 1 ? 2 : 1); ti++) r[ti] = first_touch(th[ti], n, &keep[ti]);
+        for (int ti = (nthr_max > 1 ? 1 : 0); ti >= 0; ti--) printf("first_touch_gbs threads=%d %.3f\n", th[ti], r[ti]);
+        weight_mem_free(keep[0]);
+        weight_mem_free(keep[1]);
+    }
     uint8_t *buf = xmalloc(n);
     fill_random(buf, n, 7);
     int nthr_all = omp_get_max_threads();

@@ -1,24 +1,28 @@
 #!/usr/bin/env bash
 # scripts/bench_limits.sh - the engine against this machine's ceilings, in one run
 # (`make bench-limits`). Prints a markdown report on stdout (progress on stderr):
-#   ceilings   read bandwidth (all threads, 1..8 independent streams per thread),
+#   ceilings   first touch of fresh weight memory (the page faults and clearing every
+#              load into new memory pays), read bandwidth (all threads, 1..8 independent
+#              streams per thread),
 #              double FMA peak (12 independent FMA chains per thread, AVX-512 when the
 #              CPU has it, else AVX2), both measured
 #              before and after the engine runs (the higher value is the ceiling);
-#              device O_DIRECT sequential read rate (fio, QD 32, 4 MiB, on a shard;
+#              device O_DIRECT sequential read rate (fio, QD 32, 4 MiB, the largest shard;
 #              without fio: dd iflag=direct, QD 1, a lower bound);
 #   engine     on the real-width model (K3 widths, `make bench-model`): resident decode
-#              at 1 and all threads against its roofline, prefill (72- vs 8-token
-#              prompt) against the FMA peak, a streamed run (--mem-gb 7) against fio,
+#              at 1 and all threads against its roofline, prefill (N- vs 8-token
+#              prompts, N from RUNS' preN entries) against the FMA peak, a streamed run (--mem-gb 7) against fio,
 #              time to first token split into load_s (weights in: headers, the pinned
-#              trunk's reads, the expert backend) and prefill_s (the prompt's forwards).
+#              trunk's reads, the expert backend) and prefill_s (the prompt's forwards),
+#              the trunk's load rate against the slower of the device and first touch.
 # The whole measurement holds $BENCH_LOCK (one process may hold the model in memory;
 # taken once, so that no other run lands between the ceilings and the engine runs).
 # Environment: MODEL (default models-big/rw6, else /work/models-big/rw6), K3 (bin/k3),
 # BASE_K3 (optional: an older bin/k3 run with the same commands, for a before/after
 # column), BENCH_LOCK (default /work/bench.lock if /work exists, else /tmp/k3-bench.lock),
 # GEN (tokens generated, default 8), STREAM_GB (default 7), RUNS (which runs besides the
-# all-threads decode: default "dec1 pre72 stream").
+# all-threads decode: default "dec1 pre72 stream"; preN for any N > 8, e.g.
+# "pre72 pre136 pre264 pre520" for 64, 128, 256 and 512 prompt tokens beyond the 8).
 set -eu
 cd "$(dirname "$0")/.."
 K3=${K3:-bin/k3}
@@ -51,7 +55,7 @@ fio_gbs=0
 if command -v fio > /dev/null; then
   log "fio O_DIRECT read of $shard"
   if fio --name=rd --filename="$shard" --readonly --rw=read --bs=4M --direct=1 --ioengine=libaio --iodepth=32 \
-       --size=2G --output-format=json > "$out/fio.json" 2> "$out/fio.err"; then
+       --output-format=json > "$out/fio.json" 2> "$out/fio.err"; then
     fio_gbs=$(/usr/bin/python3 -c 'import json,sys; j=json.load(open(sys.argv[1])); print("%.3f" % (j["jobs"][0]["read"]["bw_bytes"]/1e9))' "$out/fio.json")
   else
     log "fio failed: $(head -c 300 "$out/fio.err")"
@@ -68,8 +72,12 @@ if [ "$fio_gbs" = 0 ]; then # no fio: dd O_DIRECT at queue depth 1 (a lower boun
 fi
 
 ids8=163584,1000,2000,3000,4000,5000,6000,7000
-ids72=$ids8
-for i in $(seq 1 64); do ids72="$ids72,$((10000 + 37 * i))"; done
+# ids_of N: a prompt of N ids (the 8 above, then 10000 + 37 i)
+ids_of() {
+  local ids=$ids8 i
+  for i in $(seq 1 $(($1 - 8))); do ids="$ids,$((10000 + 37 * i))"; done
+  echo "$ids"
+}
 
 # run NAME BIN ARGS...: one engine run (the lock is held), --json into $out/NAME.json
 run() {
@@ -83,7 +91,9 @@ for who in new ${BASE_K3:+base}; do
   bin=$K3
   [ "$who" = base ] && bin=$BASE_K3
   run "$who-dec$NT" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --preset max
-  case " $RUNS " in *" pre72 "*) run "$who-pre72" "$bin" --ids "$ids72" --gen 1 --workers 0 --threads "$NT" --preset max ;; esac
+  for r in $RUNS; do # preN: an N-id prompt (N > 8), prefill only
+    case $r in pre[0-9]*) run "$who-$r" "$bin" --ids "$(ids_of "${r#pre}")" --gen 1 --workers 0 --threads "$NT" --preset max ;; esac
+  done
   case " $RUNS " in *" dec1 "*) [ "$NT" -gt 1 ] && run "$who-dec1" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads 1 --preset max ;; esac
   case " $RUNS " in *" stream "*) run "$who-stream" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --mem-gb "$STREAM_GB" ;; esac
 done
@@ -93,9 +103,9 @@ bin/bench_kernels --ceilings > "$out/ceil1.txt"
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
 flock -u 9
 
-/usr/bin/python3 - "$out" "$MODEL" "$NT" "$fio_gbs" "$load0" "$load1" "$GEN" "$STREAM_GB" "${BASE_K3:-}" "$K3" "$fio_how" << 'EOF'
+/usr/bin/python3 - "$out" "$MODEL" "$NT" "$fio_gbs" "$load0" "$load1" "$GEN" "$STREAM_GB" "${BASE_K3:-}" "$K3" "$fio_how" "$RUNS" << 'EOF'
 import json, os, struct, sys, platform, subprocess
-out, model, nt, fio_gbs, load0, load1, gen, stream_gb, base_k3, k3, fio_how = sys.argv[1:]
+out, model, nt, fio_gbs, load0, load1, gen, stream_gb, base_k3, k3, fio_how, RUNS = sys.argv[1:]
 nt, fio_gbs, gen = int(nt), float(fio_gbs), int(gen)
 
 def ceil(path):
@@ -131,7 +141,9 @@ n_moe = tc["num_hidden_layers"] - tc.get("first_k_dense_replace", 0)
 L = tc.get("routed_expert_hidden_size", tc["hidden_size"])
 expert_macs = n_moe * tc["num_experts_per_token"] * 3 * tc["moe_intermediate_size"] * L
 dec_bytes = bf16_trunk + bf16_lm
-pre_flop = 2 * (bf16_trunk / 2 + expert_macs)  # per prompt token beyond the first chunk (no lm head)
+# per prompt token beyond the first chunk (no lm head); attention's own products are left out:
+# at 512 positions MLA's scores and values and KDA's state updates are under 2 % of this
+pre_flop = 2 * (bf16_trunk / 2 + expert_macs)
 
 def load(name):
     p = f"{out}/{name}.json"
@@ -162,6 +174,9 @@ print("| read bandwidth GB/s (best of 1-8 streams per thread, before / after) | 
     c0[("read_bw_gbs", 1)], c1.get(("read_bw_gbs", 1), 0), c0[("read_bw_gbs", nt)], c1.get(("read_bw_gbs", nt), 0)))
 print("| double FMA peak GFLOP/s (before / after) | %.1f / %.1f | %.1f / %.1f |" % (
     c0[("fma_peak_gflops", 1)], c1.get(("fma_peak_gflops", 1), 0), c0[("fma_peak_gflops", nt)], c1.get(("fma_peak_gflops", nt), 0)))
+ft = lambda c, th: c.get(("first_touch_gbs", th), 0)
+print("| first touch of fresh weight memory GB/s (page faults + clearing; before / after, when the engine's pages were just freed) | %.2f / %.2f | %.2f / %.2f |" % (
+    ft(c0, 1), ft(c1, 1), ft(c0, nt), ft(c1, nt)))
 print("| device O_DIRECT read (%s) GB/s | %.2f | |\n" % (fio_how, fio_gbs))
 
 rows = []
@@ -184,19 +199,32 @@ for who in ["new"] + (["base"] if base_k3 else []):
             pb = j["memory"]["trunk_pinned_bytes"]
             lt = t.get("load_trunk_s", t["load_s"])  # older k3: load_s had no weight reads
             lr = pb / lt / 1e9 if lt > 0 else 0
+            # loading into fresh memory needs both the device and the page faults: the slower is its ceiling
+            # first touch before the runs: after them the engine's just-freed pages are reused,
+            # which is not what a load into memory that was free for a while meets
+            ftc = c0.get(("first_touch_gbs", nt), 0)
+            lim = min(x for x in (fio_gbs, ftc, float("inf")) if x > 0)
+            lim_what = "first touch" if ftc and ftc < fio_gbs else "device"
             rows.append((label, "time to first token (8-id prompt): load_s + prefill_s", f"{t['load_s']:.1f} + {t['prefill_s']:.1f} s",
-                         f"trunk in at {lr:.2f} GB/s vs fio {fio_gbs:.2f}", f"{100 * lr / fio_gbs:.0f} %" if fio_gbs else "-", ""))
-    j72, j8 = load(f"{who}-pre72"), load(f"{who}-dec{nt}")
-    if j72 and j8:
-        extra = (j72["timing"]["prefill_s"] - j8["timing"]["prefill_s"]) / 64
+                         f"trunk in at {lr:.2f} GB/s vs device {fio_gbs:.2f}, first touch {ftc:.2f} ({lim_what} binds)",
+                         f"{100 * lr / lim:.0f} %" if lim < float("inf") else "-", ""))
+    j8 = load(f"{who}-dec{nt}")
+    for r in RUNS.split():
+        if not r.startswith("pre") or not r[3:].isdigit():
+            continue
+        N = int(r[3:])
+        jN = load(f"{who}-{r}")
+        if not (jN and j8) or N <= 8:
+            continue
+        extra = (jN["timing"]["prefill_s"] - j8["timing"]["prefill_s"]) / (N - 8)
         g = pre_flop / extra / 1e9 if extra > 0 else float("nan")
-        rows.append((label, f"prefill, s per prompt token (72 vs 8 ids), {nt} threads", f"{extra:.3f}",
+        rows.append((label, f"prefill, s per prompt token ({N} vs 8 ids), {nt} threads", f"{extra:.3f}",
                      f"{g:.1f} GFLOP/s vs peak {cl[('fma_peak_gflops', nt)]:.1f}", f"{100 * g / cl[('fma_peak_gflops', nt)]:.0f} %", ""))
-        c72, c8 = j72["timing"].get("prefill_cpu_s"), j8["timing"].get("prefill_cpu_s")
-        if c72 and c8:
-            xc = (c72 - c8) / 64 / nt
+        cN, c8 = jN["timing"].get("prefill_cpu_s"), j8["timing"].get("prefill_cpu_s")
+        if cN and c8:
+            xc = (cN - c8) / (N - 8) / nt
             gc = pre_flop / xc / 1e9 if xc > 0 else float("nan")
-            rows.append((label, f"prefill, CPU s per prompt token / threads (72 vs 8 ids), {nt} threads", f"{xc:.3f}",
+            rows.append((label, f"prefill, CPU s per prompt token / threads ({N} vs 8 ids), {nt} threads", f"{xc:.3f}",
                          f"{gc:.1f} GFLOP/s vs peak {cl[('fma_peak_gflops', nt)]:.1f}", f"{100 * gc / cl[('fma_peak_gflops', nt)]:.0f} %", ""))
     js = load(f"{who}-stream")
     if js:

@@ -7,7 +7,10 @@
  * measured with the same thread count.
  * Usage: bench_kernels [--simd auto|avx2|avx512|scalar] [--quick]
  *        bench_kernels --ceilings   (only the ceilings, one line each: first touch of fresh
- *                                    weight memory, read bandwidth, FMA peak) */
+ *                                    weight memory, read bandwidth, FMA peak)
+ *        bench_kernels --gemm [--case N] [--simd L] [--quick]   (the multi-token "prefill" kernels at
+ *            prompt-chunk sizes, 1 thread and all: GFLOP/s in wall and in CPU time against
+ *            the FMA peak measured the same way just before each case) */
 #include <emmintrin.h>
 #include <omp.h>
 #include <stdio.h>
@@ -267,9 +270,108 @@ static bench_result run_case(const kernels *k, const bench_case *c, const float 
     return r;
 }
 
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* FMA peak in wall time and in CPU time (of all the threads, over their number): on a
+ * shared host the CPU-time figure is what the threads got while they ran. */
+static void fma_peak_both(int reps, double *wall, double *cpu) {
+    *wall = *cpu = 0;
+    for (int r = 0; r < reps; r++) {
+        double c0 = cpu_s(), g = fma_peak(1), dc = cpu_s() - c0;
+        int nthr = omp_get_max_threads();
+        /* fma_peak's work: nthr * 20e6 iterations * 12 chains * lanes * 2 */
+        __builtin_cpu_init();
+        double lanes = __builtin_cpu_supports("avx512f") ? 8 : 4;
+        double gc = dc > 0 ? (double)nthr * 20e6 * 12 * lanes * 2 / (dc / nthr) / 1e9 : 0;
+        if (g > *wall) *wall = g;
+        if (gc > *cpu) *cpu = gc;
+    }
+}
+
+/* --gemm: the prefill kernels (matmul_dense / matmul_mxfp4 from 4 tokens on) at the
+ * trunk's and the experts' shapes and 16-512 tokens. Weights are random, finite; the
+ * result is checked against one token at a time (the contract) once per case. */
+static int gemm_bench(const kernels *k, int quick, int only) {
+    typedef struct { const char *what; int mx; size_t rows, cols, ntok; } gcase;
+    const gcase cs[] = {
+        {"bf16", 0, 3072, 7168, 64},   {"bf16", 0, 3072, 7168, 128},  {"bf16", 0, 3072, 7168, 256},
+        {"bf16", 0, 3072, 7168, 512},  {"bf16 (MLA q_b)", 0, 18432, 1536, 64},
+        {"bf16 (KDA o)", 0, 7168, 12288, 64},
+        {"mxfp4 w1/w3", 1, 3072, 3584, 16}, {"mxfp4 w1/w3", 1, 3072, 3584, 32},
+        {"mxfp4 w1/w3", 1, 3072, 3584, 64}, {"mxfp4 w2", 1, 3584, 3072, 32},
+    };
+    const size_t ncs = sizeof cs / sizeof cs[0];
+    size_t maxw = 0, maxx = 0, maxy = 0;
+    for (size_t i = 0; i < ncs; i++) {
+        if (cs[i].rows * cs[i].cols > maxw) maxw = cs[i].rows * cs[i].cols;
+        if (cs[i].ntok * cs[i].cols > maxx) maxx = cs[i].ntok * cs[i].cols;
+        if (cs[i].ntok * cs[i].rows > maxy) maxy = cs[i].ntok * cs[i].rows;
+    }
+    uint16_t *wb = xmalloc(maxw * 2);
+    fill_random((uint8_t *)wb, maxw * 2, 11);
+    for (size_t i = 0; i < maxw; i++) wb[i] = (uint16_t)((wb[i] & 0x807f) | (uint16_t)((120 + (wb[i] >> 7) % 8) << 7));
+    uint8_t *packed = xmalloc(maxw / 2), *scales = xmalloc(maxw / 32);
+    fill_random(packed, maxw / 2, 100);
+    for (size_t i = 0; i < maxw / 32; i++) scales[i] = (uint8_t)(120 + (i * 7) % 12);
+    float *x = xmalloc(maxx * sizeof *x), *y = xmalloc(maxy * sizeof *y), *y1 = xmalloc(maxy * sizeof *y1);
+    uint64_t s = 1;
+    for (size_t i = 0; i < maxx; i++) x[i] = (float)((double)(rng_next(&s) >> 11) / 9007199254740992.0 - 0.5);
+    const int nthr_all = omp_get_max_threads();
+    const double min_s = quick ? 0.3 : 1.5;
+    printf("multi-token kernels, level %s; best call of >= %.1f s; FMA peak measured the same way just before each row\n",
+           k->name, min_s);
+    printf("| kernel | rows x cols | tokens | threads | ms/call best | GFLOP/s wall | %% of FMA peak (wall) | GFLOP/s CPU time | %% of FMA peak (CPU time) |\n");
+    printf("|---|---|---|---|---|---|---|---|---|\n");
+    for (size_t i = 0; i < ncs; i++) {
+        if (only >= 0 && (size_t)only != i) continue;
+        const gcase *c = &cs[i];
+        dense_weight dw = {DTYPE_BF16, c->rows, c->cols, wb, -1, 0};
+        mxfp4_weight mw = {c->rows, c->cols, packed, scales};
+        /* the contract: == one token at a time */
+        omp_set_num_threads(nthr_all);
+        if (c->mx) matmul_mxfp4(k, &mw, x, c->ntok, y);
+        else matmul_dense(k, &dw, x, c->ntok, y);
+        for (size_t t = 0; t < c->ntok; t++) {
+            if (c->mx) matmul_mxfp4(k, &mw, x + t * c->cols, 1, y1 + t * c->rows);
+            else matmul_dense(k, &dw, x + t * c->cols, 1, y1 + t * c->rows);
+        }
+        if (memcmp(y, y1, c->ntok * c->rows * sizeof *y) != 0) {
+            fprintf(stderr, "bench_kernels: %s %zu tokens: not the bits of one token at a time!\n", c->what, c->ntok);
+            return 1;
+        }
+        for (int th = 1; th <= nthr_all; th = th == nthr_all ? th + 1 : nthr_all) {
+            omp_set_num_threads(th);
+            double pw, pc;
+            fma_peak_both(quick ? 2 : 3, &pw, &pc);
+            double bw = 1e30, bc = 1e30, total = 0;
+            for (int calls = 0; total < min_s || calls < 3; calls++) {
+                double t0 = now_s(), c0 = cpu_s();
+                if (c->mx) matmul_mxfp4(k, &mw, x, c->ntok, y);
+                else matmul_dense(k, &dw, x, c->ntok, y);
+                double dt = now_s() - t0, dc = (cpu_s() - c0) / th;
+                total += dt;
+                if (dt < bw) bw = dt;
+                if (dc < bc) bc = dc;
+            }
+            double flop = 2.0 * (double)c->rows * (double)c->cols * (double)c->ntok;
+            printf("| %s | %zu x %zu | %zu | %d | %.2f | %.1f | %.0f %% | %.1f | %.0f %% |\n", c->what, c->rows, c->cols,
+                   c->ntok, th, 1e3 * bw, flop / bw / 1e9, 100 * flop / bw / 1e9 / pw, flop / bc / 1e9,
+                   100 * flop / bc / 1e9 / pc);
+            fflush(stdout);
+        }
+    }
+    omp_set_num_threads(nthr_all);
+    free(wb); free(packed); free(scales); free(x); free(y); free(y1);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     simd_level want = SIMD_AUTO;
-    int quick = 0;
+    int quick = 0, gemm = 0, only = -1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--simd") == 0 && i + 1 < argc) {
             if (simd_level_parse(argv[++i], &want) != 0) {
@@ -278,10 +380,14 @@ int main(int argc, char **argv) {
             }
         } else if (strcmp(argv[i], "--quick") == 0) {
             quick = 1;
+        } else if (strcmp(argv[i], "--gemm") == 0) {
+            gemm = 1;
+        } else if (strcmp(argv[i], "--case") == 0 && i + 1 < argc) {
+            only = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--ceilings") == 0) {
             return print_ceilings();
         } else {
-            fprintf(stderr, "usage: bench_kernels [--simd auto|scalar|avx2|avx512] [--quick] | --ceilings\n");
+            fprintf(stderr, "usage: bench_kernels [--simd auto|scalar|avx2|avx512] [--quick] [--gemm [--case N]] | --ceilings\n");
             return 2;
         }
     }
@@ -290,6 +396,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_kernels: SIMD level not supported by this CPU\n");
         return 2;
     }
+    if (gemm) return gemm_bench(best, quick, only);
     const int nthr_all = omp_get_max_threads();
     const double min_s = quick ? 0.1 : 1.0;
 

@@ -114,7 +114,7 @@ int simd_level_parse(const char *s, simd_level *out) {
 /* ---- drivers: threads split rows; each (row, token) is one dot of the fixed partition ----
  * From K3_GEMM_MIN_TOK tokens on, at the AVX2 and AVX-512 levels, the multi-token
  * kernels (kernels_gemm_avx2.c, kernels_gemm_avx512.c) do tiles of K3_GEMM_NR rows x
- * all tokens.
+ * all tokens (AVX-512: panels of K3_GEMM_NR_AVX512 rows).
  * Rows go in blocks of K3_ROWBLOCK; for a level with row-block kernels a full block
  * is computed by them (same bits as the single-row dot, checked by the unit test),
  * two tokens at a time where a _x2 kernel exists; otherwise, and for a partial last
@@ -165,14 +165,15 @@ static void poison(const char *what, float *y, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = NAN;
 }
 
-/* Job bi of a dense matmul: tile bi (K3_GEMM_NR rows x all tokens) when gemm, else row
+/* Job bi of a dense matmul: tile bi (K3_GEMM_NR rows, AVX-512 K3_GEMM_NR_AVX512, x all tokens) when gemm, else row
  * block bi (K3_ROWBLOCK rows, token by token or two at a time). */
 static void dense_job(const kernels *k, const rowblock_fns *rb, int gemm, const dense_weight *W, const float *x,
                       size_t ntok, float *y, size_t bi) {
     const size_t rows = W->rows, cols = W->cols;
 #ifdef K3_HAVE_X86_KERNELS
     if (gemm) {
-        const size_t r0 = bi * K3_GEMM_NR, nr = rows - r0 < K3_GEMM_NR ? rows - r0 : K3_GEMM_NR;
+        const size_t per = rb->gemm == 2 ? K3_GEMM_NR_AVX512 : K3_GEMM_NR;
+        const size_t r0 = bi * per, nr = rows - r0 < per ? rows - r0 : per;
         if (W->dtype == DTYPE_F32) (rb->gemm == 2 ? k3_gemm_f32_avx512 : k3_gemm_f32_avx2)(W->data, rows, cols, r0, nr, x, ntok, y);
         else (rb->gemm == 2 ? k3_gemm_bf16_avx512 : k3_gemm_bf16_avx2)(W->data, rows, cols, r0, nr, x, ntok, y);
         return;
@@ -214,8 +215,8 @@ static int dense_gemm(const rowblock_fns *rb, const dense_weight *W, size_t ntok
     return rb->gemm && ntok >= K3_GEMM_MIN_TOK && (W->dtype == DTYPE_F32 || W->dtype == DTYPE_BF16);
 }
 
-static size_t dense_jobs(const dense_weight *W, int gemm) {
-    const size_t per = gemm ? K3_GEMM_NR : K3_ROWBLOCK;
+static size_t dense_jobs(const rowblock_fns *rb, const dense_weight *W, int gemm) {
+    const size_t per = !gemm ? K3_ROWBLOCK : rb->gemm == 2 ? K3_GEMM_NR_AVX512 : K3_GEMM_NR;
     return (W->rows + per - 1) / per;
 }
 
@@ -245,7 +246,7 @@ void matmul_dense_many(const kernels *k, const dense_weight *W, const float *con
             first[i + 1] = first[i];
         } else {
             gemm[i] = dense_gemm(&rb, &W[i], ntok);
-            first[i + 1] = first[i] + dense_jobs(&W[i], gemm[i]);
+            first[i + 1] = first[i] + dense_jobs(&rb, &W[i], gemm[i]);
         }
         m = i + 1;
     }
@@ -270,10 +271,10 @@ void matmul_mxfp4(const kernels *k, const mxfp4_weight *W, const float *x, size_
     const rowblock_fns rb = rowblock_for(k);
 #ifdef K3_HAVE_X86_KERNELS
     if (rb.gemm && ntok >= K3_GEMM_MIN_TOK) {
-        const size_t ntile = (rows + K3_GEMM_NR - 1) / K3_GEMM_NR;
+        const size_t per = rb.gemm == 2 ? K3_GEMM_NR_AVX512 : K3_GEMM_NR, ntile = (rows + per - 1) / per;
 #pragma omp parallel for schedule(runtime)
         for (size_t ti = 0; ti < ntile; ti++) {
-            const size_t r0 = ti * K3_GEMM_NR, nr = rows - r0 < K3_GEMM_NR ? rows - r0 : K3_GEMM_NR;
+            const size_t r0 = ti * per, nr = rows - r0 < per ? rows - r0 : per;
             (rb.gemm == 2 ? k3_gemm_mxfp4_avx512 : k3_gemm_mxfp4_avx2)(W->packed, W->scales, rows, cols, r0, nr, x, ntok, y);
         }
         return;

@@ -63,7 +63,8 @@ const kernels *kernels_get(simd_level want);
 int simd_level_parse(const char *s, simd_level *out);
 
 /* y[t*W.rows + r] = W[r] . x[t*W.cols ...] for t < ntok. OpenMP over rows, in blocks
- * (K3_ROWBLOCK rows for one to three tokens, K3_GEMM_NR-row tiles from four), with
+ * (K3_ROWBLOCK rows for one to three tokens, K3_GEMM_NR-row tiles from four; 96-row
+ * panels at the AVX-512 level), with
  * schedule(runtime): the caller picks with omp_set_schedule. Static gives every thread
  * one contiguous share (a NUMA placement puts each share's rows on its node); dynamic
  * lets a running thread take the blocks of one the host has descheduled (a shared

@@ -1,6 +1,6 @@
 /* kernels_gemm_avx512.c - multi-token ("prefill") kernels of the exact contract
- * (kernels.h) for the AVX-512 level: y[t][r] = W[r] . x[t] for a tile of up to
- * K3_GEMM_NR rows and all ntok tokens, register-blocked over rows and tokens.
+ * (kernels.h) for the AVX-512 level: y[t][r] = W[r] . x[t] for a panel of up to
+ * K3_GEMM_NR_AVX512 rows and all ntok tokens, register-blocked over rows and tokens.
  *
  * The same scheme as kernels_gemm_avx2.c (read its header for why the bits are those
  * of one token at a time), with the contract's 8 double lanes of a (row, token) pair
@@ -10,11 +10,17 @@
  * with w = 0, x = 0 (the padded lanes add +0.0, as the contract's tail does); the
  * accumulators are reduced with k3_reduce8 at the end.
  *
- * Blocking: per column block of KC columns, the tile's weights are decoded once into
- * double (wd, shared by all tokens of the token block: bf16 shift, f32 widening,
- * MXFP4 E2M1 x 2^(s-127)) and the token block's activations once into double (xd,
- * shared by the tile's rows); the 4-row x 6-token micro-kernel keeps 24 FMA chains
- * in registers: 24 FMAs per 10 loads (the AVX2 one: 12 per 7, half as wide).
+ * Blocking: one call is a panel of up to K3_GEMM_NR_AVX512 (96) rows x all tokens,
+ * in token blocks of at most TB (48) tokens (a call's blocks balanced: 64 tokens are
+ * 36 + 28, not 48 + 16). Per token block and column block of KC columns, the
+ * block's activations are converted once into double (xd, for all the panel's rows:
+ * 1/96 of a conversion per multiply-add) and, per sub-tile of NS (24) rows, the
+ * weights once (wd, for all the block's tokens: bf16 shift, f32 widening, MXFP4 by a
+ * 16-entry table E2M1 x 2^(s-127) and vpermi2pd); then the 4-row x 6-token
+ * micro-kernel keeps 24 FMA chains in registers (24 FMAs per 10 loads) token group by
+ * token group, its wd and 6-token slice of xd in L1, the panel's accumulators
+ * (NP x TB x 8 doubles, on the stack) in L2 between column blocks. Each row's and
+ * token's next column block is prefetched while the current one is converted.
  * Compiled with -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma; the caller
  * checks the CPU. */
 #include "common/kernels_impl.h"
@@ -24,18 +30,25 @@
 
 #define MR 4  /* rows per micro-kernel */
 #define MT 6  /* tokens per micro-kernel */
-#define NR K3_GEMM_NR
-#define TB 24 /* tokens per token block (multiple of MT) */
+#define NP K3_GEMM_NR_AVX512 /* rows per call (panel): the activations are decoded once for them */
+#ifndef NS
+#define NS 24 /* rows per weight sub-tile (decoded together, L1-resident) */
+#endif
+#ifndef TB
+#define TB 48 /* tokens per token block at most (multiple of MT): each weight is decoded once for them */
+#endif
+#ifndef KC
 #define KC 128 /* columns per column block (multiple of 32: whole MXFP4 blocks) */
+#endif
 
-#if NR % MR != 0 || TB % MT != 0 || KC % 32 != 0
+#if NP % NS != 0 || NS % MR != 0 || TB % MT != 0 || KC % 32 != 0
 #error "bad gemm blocking"
 #endif
 
 typedef enum { W_F32, W_BF16, W_MXFP4 } wkind;
 
 /* acc[r][t][0..7] += wd[r][..] . xd[t][..] over nk8 chunks of 8 columns, for
- * R <= MR rows and T <= MT tokens. */
+ * R <= MR rows and T <= MT tokens (acc rows TB tokens apart). */
 static inline __attribute__((always_inline)) void micro(const int R, const int T, const double *wd,
                                                         const double *xd, size_t nk8, double *acc) {
     __m512d a[MR][MT];
@@ -80,11 +93,18 @@ static void micro_any(int R, int T, const double *wd, const double *xd, size_t n
 }
 #undef K3_MICRO_T
 
-/* xd[t][0..KC) = x[t][k0 .. k0+kn) in double, zero beyond kn (kn8 = kn rounded up to 8) */
-static void pack_x(const float *x, size_t cols, size_t nt, size_t k0, size_t kn, size_t kn8, double *xd) {
+/* prefetch bytes [p, p + n) (n a multiple of 64) */
+static inline __attribute__((always_inline)) void prefetch_span(const void *p, size_t n) {
+    for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+}
+
+/* xd[t][0..KC) = x[t][k0 .. k0+kn) in double, zero beyond kn (kn8 = kn rounded up to 8);
+ * prefetches each token's next column block (pf: the block exists) */
+static void pack_x(const float *x, size_t cols, size_t nt, size_t k0, size_t kn, size_t kn8, int pf, double *xd) {
     for (size_t t = 0; t < nt; t++) {
         const float *xs = x + t * cols + k0;
         double *d = xd + t * KC;
+        if (pf) prefetch_span(xs + KC, KC * sizeof(float));
         size_t k = 0;
         for (; k + 8 <= kn; k += 8) _mm512_store_pd(d + k, _mm512_cvtps_pd(_mm256_loadu_ps(xs + k)));
         for (; k < kn; k++) d[k] = (double)xs[k];
@@ -96,79 +116,90 @@ static inline __m256 bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
-/* E2M1 decode of 8 codes of the 32-bit word at p (element k in bits 4k..4k+3) as floats */
-static inline __m256 e2m1x8(const uint8_t *p) {
-    const __m256 mag = _mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f);
-    const __m256i sh = _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28);
-    uint32_t q;
-    memcpy(&q, p, sizeof q);
-    __m256i codes = _mm256_srlv_epi32(_mm256_set1_epi32((int)q), sh);
-    __m256 sgn = _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(codes, 28), _mm256_set1_epi32((int)0x80000000u)));
-    return _mm256_or_ps(_mm256_permutevar8x32_ps(mag, codes), sgn);
-}
-
-/* wd[r][0..KC) = row r0 + r of W, columns k0 .. k0+kn, as exact doubles; zero beyond kn */
+/* wd[r][0..KC) = row r0 + r of W, columns k0 .. k0+kn, as exact doubles; zero beyond kn.
+ * MXFP4: a block's 16-entry table E2M1 x 2^(s-127) (exact in double) indexed by the codes
+ * with vpermi2pd, which reads bits 0..3 of each 64-bit lane (the 64-bit word of packed
+ * bytes holds element k in bits 4k..4k+3: broadcast, shift lane k right by 4k or 4k-32).
+ * Prefetches each row's next column block (pf: the block exists). */
 static inline __attribute__((always_inline)) void pack_w(wkind kind, const void *w, const uint8_t *scales,
                                                          size_t cols, size_t r0, size_t nr, size_t k0, size_t kn,
-                                                         size_t kn8, double *wd) {
+                                                         size_t kn8, int pf, double *wd) {
+    const __m512i sh_lo = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
+    const __m512i sh_hi = _mm512_setr_epi64(32, 36, 40, 44, 48, 52, 56, 60);
+    const __m512d pos = _mm512_setr_pd(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
+    const __m512d neg = _mm512_setr_pd(-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0);
     for (size_t r = 0; r < nr; r++) {
         double *d = wd + r * KC;
         size_t k = 0;
         if (kind == W_F32) {
             const float *ws = (const float *)w + (r0 + r) * cols + k0;
+            if (pf) prefetch_span(ws + KC, KC * 4);
             for (; k + 8 <= kn; k += 8) _mm512_store_pd(d + k, _mm512_cvtps_pd(_mm256_loadu_ps(ws + k)));
             for (; k < kn; k++) d[k] = (double)ws[k];
         } else if (kind == W_BF16) {
             const uint16_t *ws = (const uint16_t *)w + (r0 + r) * cols + k0;
+            if (pf) prefetch_span(ws + KC, KC * 2);
             for (; k + 8 <= kn; k += 8) _mm512_store_pd(d + k, _mm512_cvtps_pd(bf16x8(ws + k)));
             for (; k < kn; k++) d[k] = (double)bf16_to_f32(ws[k]);
         } else { /* kn % 32 == 0: whole blocks */
             const uint8_t *ps = (const uint8_t *)w + (r0 + r) * (cols / 2) + k0 / 2;
             const uint8_t *ss = scales + (r0 + r) * (cols / 32) + k0 / 32;
+            if (pf) {
+                prefetch_span(ps + KC / 2, KC / 2);
+                _mm_prefetch((const char *)ss + KC / 32, _MM_HINT_T0);
+            }
             for (; k < kn; k += 32) {
                 const __m512d s = _mm512_set1_pd(k3_mxfp4_scale(ss[k / 32]));
-                for (size_t g = 0; g < 4; g++)
-                    _mm512_store_pd(d + k + g * 8, _mm512_mul_pd(_mm512_cvtps_pd(e2m1x8(ps + k / 2 + g * 4)), s));
+                const __m512d tp = _mm512_mul_pd(pos, s), tn = _mm512_mul_pd(neg, s);
+                uint64_t q0, q1;
+                memcpy(&q0, ps + k / 2, 8);
+                memcpy(&q1, ps + k / 2 + 8, 8);
+                const __m512i b0 = _mm512_set1_epi64((long long)q0), b1 = _mm512_set1_epi64((long long)q1);
+                _mm512_store_pd(d + k, _mm512_permutex2var_pd(tp, _mm512_srlv_epi64(b0, sh_lo), tn));
+                _mm512_store_pd(d + k + 8, _mm512_permutex2var_pd(tp, _mm512_srlv_epi64(b0, sh_hi), tn));
+                _mm512_store_pd(d + k + 16, _mm512_permutex2var_pd(tp, _mm512_srlv_epi64(b1, sh_lo), tn));
+                _mm512_store_pd(d + k + 24, _mm512_permutex2var_pd(tp, _mm512_srlv_epi64(b1, sh_hi), tn));
             }
         }
         for (; k < kn8; k++) d[k] = 0.0;
     }
 }
 
-/* prefetch bytes [p, p + n) of each of cnt rows stride bytes apart */
-static inline __attribute__((always_inline)) void prefetch_rows(const void *p, size_t n, size_t cnt, size_t stride) {
-    for (size_t r = 0; r < cnt; r++)
-        for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + r * stride + o, _MM_HINT_T0);
-}
-
+/* Rows r0 .. r0+nr (nr <= NP) x all tokens. Per token block (at most TB tokens, the
+ * blocks of one call balanced), per column block: the block's activations decoded once
+ * (xd, for all nr rows), then per sub-tile of NS rows its weights decoded once (wd, for
+ * all the block's tokens) and the micro-kernels run token group by token group (xd's
+ * 6-token slice and wd stay in L1; the accumulators of the panel, NP x TB x 8 doubles,
+ * live in L2 between column blocks). */
 static inline __attribute__((always_inline)) void gemm_tile(wkind kind, const void *w, const uint8_t *scales,
                                                             size_t rows, size_t cols, size_t r0, size_t nr,
                                                             const float *x, size_t ntok, float *y) {
-    _Alignas(64) double wd[NR * KC];
+    _Alignas(64) double wd[NS * KC];
     _Alignas(64) double xd[TB * KC];
-    _Alignas(64) double acc[NR * TB * 8];
-    for (size_t t0 = 0; t0 < ntok; t0 += TB) {
-        const size_t nt = ntok - t0 < TB ? ntok - t0 : TB;
-        memset(acc, 0, sizeof acc);
+    _Alignas(64) double acc[NP * TB * 8];
+    const size_t nblk = (ntok + TB - 1) / TB;
+    size_t tb = (ntok + nblk - 1) / nblk;
+    tb = (tb + MT - 1) / MT * MT;
+    if (tb > TB) tb = TB;
+    for (size_t t0 = 0; t0 < ntok; t0 += tb) {
+        const size_t nt = ntok - t0 < tb ? ntok - t0 : tb;
+        memset(acc, 0, nr * TB * 8 * sizeof *acc);
         for (size_t k0 = 0; k0 < cols; k0 += KC) {
             const size_t kn = cols - k0 < KC ? cols - k0 : KC, kn8 = (kn + 7) & ~(size_t)7;
-            if (k0 + KC < cols) { /* the next column block's weights and activations */
-                const size_t k1 = k0 + KC;
-                if (kind == W_F32) prefetch_rows((const float *)w + r0 * cols + k1, KC * 4, nr, cols * 4);
-                else if (kind == W_BF16) prefetch_rows((const uint16_t *)w + r0 * cols + k1, KC * 2, nr, cols * 2);
-                else prefetch_rows((const uint8_t *)w + r0 * (cols / 2) + k1 / 2, KC / 2, nr, cols / 2);
-                prefetch_rows(x + t0 * cols + k1, KC * 4, nt, cols * 4);
-            }
-            pack_w(kind, w, scales, cols, r0, nr, k0, kn, kn8, wd);
-            pack_x(x + t0 * cols, cols, nt, k0, kn, kn8, xd);
-            for (size_t r = 0; r < nr; r += MR) {
-                const int R = nr - r < MR ? (int)(nr - r) : MR;
-                size_t t = 0;
-                for (; t + MT <= nt; t += MT) {
-                    if (R == MR) micro(MR, MT, wd + r * KC, xd + t * KC, kn8 / 8, acc + (r * TB + t) * 8);
-                    else micro_any(R, MT, wd + r * KC, xd + t * KC, kn8 / 8, acc + (r * TB + t) * 8);
+            const int pf = k0 + KC < cols;
+            pack_x(x + t0 * cols, cols, nt, k0, kn, kn8, pf, xd);
+            for (size_t s0 = 0; s0 < nr; s0 += NS) {
+                const size_t ns = nr - s0 < NS ? nr - s0 : NS;
+                pack_w(kind, w, scales, cols, r0 + s0, ns, k0, kn, kn8, pf, wd);
+                for (size_t t = 0; t < nt; t += MT) {
+                    const int T = nt - t < MT ? (int)(nt - t) : MT;
+                    for (size_t r = 0; r < ns; r += MR) {
+                        const int R = ns - r < MR ? (int)(ns - r) : MR;
+                        double *a = acc + ((s0 + r) * TB + t) * 8;
+                        if (R == MR && T == MT) micro(MR, MT, wd + r * KC, xd + t * KC, kn8 / 8, a);
+                        else micro_any(R, T, wd + r * KC, xd + t * KC, kn8 / 8, a);
+                    }
                 }
-                if (t < nt) micro_any(R, (int)(nt - t), wd + r * KC, xd + t * KC, kn8 / 8, acc + (r * TB + t) * 8);
             }
         }
         for (size_t t = 0; t < nt; t++)

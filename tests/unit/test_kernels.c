@@ -269,17 +269,21 @@ static void test_threads(tstate *ts) {
     free(yn);
 }
 
-/* Prefill-sized batches: row counts across the multi-token kernels' row tiles (24)
- * and micro-kernels (3; AVX-512: 4), token counts across their token blocks (16;
- * AVX-512: 24) and micro-kernels (4; AVX-512: 6), column counts across their column blocks (128) with tails: every (row, token)
+/* Prefill-sized batches: row counts across the multi-token kernels' row tiles (24;
+ * AVX-512: 96-row panels of 24-row sub-tiles) and micro-kernels (3; AVX-512: 4), token
+ * counts across their token blocks (16; AVX-512: at most 48, balanced) and
+ * micro-kernels (4; AVX-512: 6), column counts across their column blocks (128) with tails: every (row, token)
  * of a batch == a single-token scalar call. */
 static void test_batches(tstate *ts) {
     static const size_t shapes[][3] = {/* rows, cols, ntok */
                                        {1, 8, 4},     {2, 9, 5},      {25, 128, 6},  {47, 129, 7},
                                        {50, 300, 16}, {49, 256, 17},  {97, 1000, 33}, {24, 7175, 19},
                                        {73, 64, 40},  {5, 3584, 64},  {26, 160, 23}, {3, 3072, 12},
-                                       /* the AVX-512 blocking: 4-row x 6-token micro-kernels, 24-token blocks */
-                                       {30, 200, 25}, {23, 136, 48},  {7, 520, 53},  {48, 264, 11}};
+                                       /* the AVX-512 blocking: 4-row x 6-token micro-kernels, 24-row weight
+                                        * sub-tiles in 96-row panels, token blocks of at most 48 split evenly
+                                        * (49 -> 30 + 19, 97 -> 36 + 36 + 25, 100 -> 36 + 36 + 28) */
+                                       {30, 200, 25}, {23, 136, 48},  {7, 520, 53},  {48, 264, 11},
+                                       {200, 300, 49}, {121, 264, 97}, {96, 128, 64}, {98, 40, 100}};
     uint64_t seed = 5;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const size_t rows = shapes[si][0], ntok = shapes[si][2];

@@ -12,7 +12,7 @@
  *
  * Blocking: one call is a panel of up to K3_GEMM_NR_AVX512 (96) rows x all tokens,
  * in token blocks of at most TB (48) tokens (a call's blocks balanced: 64 tokens are
- * 36 + 28, not 48 + 16). Per token block and column block of KC columns, the
+ * 32 + 32, not 48 + 16). Per token block and column block of KC columns, the
  * block's activations are converted once into double (xd, for all the panel's rows:
  * 1/96 of a conversion per multiply-add) and, per sub-tile of NS (24) rows, the
  * weights once (wd, for all the block's tokens: bf16 shift, f32 widening, MXFP4 by a
@@ -32,7 +32,7 @@
 #define MT 6  /* tokens per micro-kernel */
 #define NP K3_GEMM_NR_AVX512 /* rows per call (panel): the activations are decoded once for them */
 #ifndef NS
-#define NS 24 /* rows per weight sub-tile (decoded together, L1-resident) */
+#define NS 24 /* rows per weight sub-tile (decoded together, L1-resident; a multiple of 3, 4, 6, 8) */
 #endif
 #ifndef TB
 #define TB 48 /* tokens per token block at most (multiple of MT): each weight is decoded once for them */
@@ -41,39 +41,41 @@
 #define KC 128 /* columns per column block (multiple of 32: whole MXFP4 blocks) */
 #endif
 
-#if NP % NS != 0 || NS % MR != 0 || TB % MT != 0 || KC % 32 != 0
+#if NP % NS != 0 || NS % 24 != 0 || TB % MT != 0 || KC % 32 != 0
 #error "bad gemm blocking"
 #endif
 
 typedef enum { W_F32, W_BF16, W_MXFP4 } wkind;
 
-/* acc[r][t][0..7] += wd[r][..] . xd[t][..] over nk8 chunks of 8 columns, for
- * R <= MR rows and T <= MT tokens (acc rows TB tokens apart). */
+/* acc[r][t][0..7] += wd[r][..] . xd[t][..] over nk8 chunks of 8 columns, for R rows
+ * and T tokens (acc rows TB tokens apart); R x T chains + R weights + 1 activation
+ * must fit the 32 registers (the shapes used: 4x6, 3x7, 3x8, 6x3, 6x4, 4x5, 8x2, 8x1,
+ * and up to 4x6 for a sub-tile's partial row group). */
 static inline __attribute__((always_inline)) void micro(const int R, const int T, const double *wd,
                                                         const double *xd, size_t nk8, double *acc) {
-    __m512d a[MR][MT];
-#pragma GCC unroll 4
+    __m512d a[8][8];
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 6
+#pragma GCC unroll 8
         for (int t = 0; t < T; t++) a[r][t] = _mm512_load_pd(acc + ((size_t)r * TB + (size_t)t) * 8);
     for (size_t c = 0; c < nk8; c++) {
-        __m512d w[MR];
-#pragma GCC unroll 4
+        __m512d w[8];
+#pragma GCC unroll 8
         for (int r = 0; r < R; r++) w[r] = _mm512_load_pd(wd + (size_t)r * KC + c * 8);
-#pragma GCC unroll 6
+#pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             __m512d xv = _mm512_load_pd(xd + (size_t)t * KC + c * 8);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int r = 0; r < R; r++) a[r][t] = _mm512_fmadd_pd(w[r], xv, a[r][t]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < R; r++)
-#pragma GCC unroll 6
+#pragma GCC unroll 8
         for (int t = 0; t < T; t++) _mm512_store_pd(acc + ((size_t)r * TB + (size_t)t) * 8, a[r][t]);
 }
 
-/* every partial micro-kernel (R < MR or T < MT): wd/xd/acc already offset */
+/* any R <= MR rows x T <= MT tokens: wd/xd/acc already offset */
 #define K3_MICRO_T(R)                                                                                       \
     switch (T) {                                                                                            \
     case 6: micro(R, 6, wd, xd, nk8, acc); break;                                                           \
@@ -92,6 +94,43 @@ static void micro_any(int R, int T, const double *wd, const double *xd, size_t n
     }
 }
 #undef K3_MICRO_T
+
+/* One token group (T tokens) against the ns rows of a weight sub-tile: R-row
+ * micro-kernels, the rows left (ns % R, a panel's last sub-tile) in pieces of at most
+ * MR rows x MT tokens. */
+static inline __attribute__((always_inline)) void token_group(const int R, const int T, size_t ns, const double *wd,
+                                                              const double *xd, size_t nk8, double *acc) {
+    size_t r = 0;
+    for (; r + (size_t)R <= ns; r += (size_t)R) micro(R, T, wd + r * KC, xd, nk8, acc + r * TB * 8);
+    for (; r < ns; r += MR) {
+        const int rr = ns - r < MR ? (int)(ns - r) : MR;
+        for (int t = 0; t < T; t += MT)
+            micro_any(rr, T - t < MT ? T - t : MT, wd + r * KC, xd + (size_t)t * KC, nk8, acc + (r * TB + (size_t)t) * 8);
+    }
+}
+
+/* The nt tokens of a block against a sub-tile: groups of 6 tokens (4 rows each: 24
+ * chains); the last 1-5 tokens in a shape that still keeps 16-24 chains: 7 or 8
+ * tokens (the last 6 and 1-2 more) at 3 rows, 3-4 at 6 rows, 5 at 4, 1-2 (a block of
+ * fewer than 6) at 8 rows. */
+static void token_groups(size_t nt, size_t ns, const double *wd, const double *xd, size_t nk8, double *acc) {
+    const size_t q = nt / MT, rem = nt % MT;
+    const size_t nfull = (rem == 1 || rem == 2) && q > 0 ? q - 1 : q;
+    size_t t = 0;
+    for (size_t g = 0; g < nfull; g++, t += MT) token_group(MR, MT, ns, wd, xd + t * KC, nk8, acc + t * 8);
+    xd += t * KC;
+    acc += t * 8;
+    switch (nt - t) {
+    case 0: break;
+    case 8: token_group(3, 8, ns, wd, xd, nk8, acc); break;
+    case 7: token_group(3, 7, ns, wd, xd, nk8, acc); break;
+    case 5: token_group(4, 5, ns, wd, xd, nk8, acc); break;
+    case 4: token_group(6, 4, ns, wd, xd, nk8, acc); break;
+    case 3: token_group(6, 3, ns, wd, xd, nk8, acc); break;
+    case 2: token_group(8, 2, ns, wd, xd, nk8, acc); break;
+    default: token_group(8, 1, ns, wd, xd, nk8, acc); break;
+    }
+}
 
 /* prefetch bytes [p, p + n) (n a multiple of 64) */
 static inline __attribute__((always_inline)) void prefetch_span(const void *p, size_t n) {
@@ -178,9 +217,7 @@ static inline __attribute__((always_inline)) void gemm_tile(wkind kind, const vo
     _Alignas(64) double xd[TB * KC];
     _Alignas(64) double acc[NP * TB * 8];
     const size_t nblk = (ntok + TB - 1) / TB;
-    size_t tb = (ntok + nblk - 1) / nblk;
-    tb = (tb + MT - 1) / MT * MT;
-    if (tb > TB) tb = TB;
+    const size_t tb = (ntok + nblk - 1) / nblk; /* <= TB; the last block is at most nblk - 1 tokens short */
     for (size_t t0 = 0; t0 < ntok; t0 += tb) {
         const size_t nt = ntok - t0 < tb ? ntok - t0 : tb;
         memset(acc, 0, nr * TB * 8 * sizeof *acc);
@@ -191,15 +228,7 @@ static inline __attribute__((always_inline)) void gemm_tile(wkind kind, const vo
             for (size_t s0 = 0; s0 < nr; s0 += NS) {
                 const size_t ns = nr - s0 < NS ? nr - s0 : NS;
                 pack_w(kind, w, scales, cols, r0 + s0, ns, k0, kn, kn8, pf, wd);
-                for (size_t t = 0; t < nt; t += MT) {
-                    const int T = nt - t < MT ? (int)(nt - t) : MT;
-                    for (size_t r = 0; r < ns; r += MR) {
-                        const int R = ns - r < MR ? (int)(ns - r) : MR;
-                        double *a = acc + ((s0 + r) * TB + t) * 8;
-                        if (R == MR && T == MT) micro(MR, MT, wd + r * KC, xd + t * KC, kn8 / 8, a);
-                        else micro_any(R, T, wd + r * KC, xd + t * KC, kn8 / 8, a);
-                    }
-                }
+                token_groups(nt, ns, wd, xd, kn8 / 8, acc + s0 * TB * 8);
             }
         }
         for (size_t t = 0; t < nt; t++)

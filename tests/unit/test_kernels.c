@@ -281,9 +281,14 @@ static void test_batches(tstate *ts) {
                                        {73, 64, 40},  {5, 3584, 64},  {26, 160, 23}, {3, 3072, 12},
                                        /* the AVX-512 blocking: 4-row x 6-token micro-kernels, 24-row weight
                                         * sub-tiles in 96-row panels, token blocks of at most 48 split evenly
-                                        * (49 -> 30 + 19, 97 -> 36 + 36 + 25, 100 -> 36 + 36 + 28) */
+                                        * (49 -> 25 + 24, 97 -> 33 + 33 + 31, 100 -> 34 + 34 + 32,
+                                        * 481 -> 10 x 44 + 41) */
                                        {30, 200, 25}, {23, 136, 48},  {7, 520, 53},  {48, 264, 11},
-                                       {200, 300, 49}, {121, 264, 97}, {96, 128, 64}, {98, 40, 100}};
+                                       {200, 300, 49}, {121, 264, 97}, {96, 128, 64}, {98, 40, 100},
+                                       /* the last 1-5 tokens of a block: 7/8 tokens x 3 rows, 3/4 x 6, 5 x 4,
+                                        * 1/2 x 8 (a block of fewer than 6: 4 or 5 tokens, rows 5, 13, 27) */
+                                       {50, 96, 31}, {27, 64, 26}, {29, 72, 27}, {53, 40, 28}, {13, 100, 4},
+                                       {27, 64, 5}, {5, 32, 8}, {45, 33, 43}, {9, 32, 481}};
     uint64_t seed = 5;
     for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
         const size_t rows = shapes[si][0], ntok = shapes[si][2];

@@ -44,7 +44,7 @@ static inline __m256 bf16x8_to_ps(__m128i h) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-/* ---- K3_ROWBLOCK (4) consecutive rows, dense: the single-row dot's operations,
+/* ---- 4 consecutive rows, dense: the single-row dot's operations,
  * interleaved so that 8 accumulation chains overlap, x converted once for the 4
  * rows, the lanes += w*x done with FMA: the double product of a float or bf16
  * weight and a float is exact, so fma(w, x, acc) rounds once exactly as
@@ -99,9 +99,21 @@ static inline __attribute__((always_inline)) void prefetch_rows4(const void *w, 
 #define K3_LOAD_F32(p) _mm256_loadu_ps(p)
 #define K3_LOAD_BF16(p) bf16x8_to_ps(_mm_loadu_si128((const __m128i *)(p)))
 
-void k3_rows_f32_avx2(const float *w, const float *x, size_t n, float *out) { K3_ROWS4_BODY(K3_LOAD_F32, float) }
+static void rows4_f32(const float *w, const float *x, size_t n, float *out) { K3_ROWS4_BODY(K3_LOAD_F32, float) }
 
-void k3_rows_bf16_avx2(const uint16_t *w, const float *x, size_t n, float *out) { K3_ROWS4_BODY(K3_LOAD_BF16, uint16_t) }
+static void rows4_bf16(const uint16_t *w, const float *x, size_t n, float *out) { K3_ROWS4_BODY(K3_LOAD_BF16, uint16_t) }
+
+/* K3_ROWBLOCK (8) rows: two 4-row halves (8 rows x 2 half-lane accumulators would need
+ * every ymm register for the accumulators alone). */
+void k3_rows_f32_avx2(const float *w, const float *x, size_t n, float *out) {
+    rows4_f32(w, x, n, out);
+    rows4_f32(w + 4 * n, x, n, out + 4);
+}
+
+void k3_rows_bf16_avx2(const uint16_t *w, const float *x, size_t n, float *out) {
+    rows4_bf16(w, x, n, out);
+    rows4_bf16(w + 4 * n, x, n, out + 4);
+}
 
 float k3_dot_bf16_avx2(const uint16_t *w, const float *x, size_t n) {
     __m256d a0 = _mm256_setzero_pd(), a1 = _mm256_setzero_pd();
@@ -169,8 +181,8 @@ float k3_dot_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, const floa
     return reduce256(a0, a1);
 }
 
-/* K3_ROWBLOCK (4) consecutive rows, interleaved group by group; x converted once. */
-void k3_rows_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out) {
+/* 4 consecutive rows, interleaved group by group; x converted once. */
+static void rows4_mxfp4(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out) {
     const mxfp4_consts c = mxfp4_init();
     const size_t pr = n / 2, sr = n / 32;
     __m256d a0 = _mm256_setzero_pd(), a1 = a0, b0 = a0, b1 = a0, c0 = a0, c1 = a0, d0 = a0, d1 = a0;
@@ -191,6 +203,12 @@ void k3_rows_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, const floa
     out[1] = reduce256(b0, b1);
     out[2] = reduce256(c0, c1);
     out[3] = reduce256(d0, d1);
+}
+
+/* K3_ROWBLOCK (8) rows: two 4-row halves */
+void k3_rows_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out) {
+    rows4_mxfp4(packed, scales, x, n, out);
+    rows4_mxfp4(packed + 4 * (n / 2), scales + 4 * (n / 32), x, n, out + 4);
 }
 
 #endif

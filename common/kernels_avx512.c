@@ -1,9 +1,9 @@
 /* kernels_avx512.c - AVX-512 dot products of the exact kernel contract (kernels.h):
- * the 8 double lanes live in one __m512d; products are formed exactly in double
- * (multiply, then add; the one-token MXFP4 row kernel uses FMA, which is the same
- * bits because its products are exact), tails add +0.0 to the empty lanes, and the
- * lanes are reduced in the fixed order of k3_reduce8. Single-row dots plus
- * K3_ROWBLOCK-row kernels that run the same per-row operations interleaved.
+ * the 8 double lanes live in one __m512d; products are formed exactly in double and
+ * added with FMA (fma(w, x, acc) == acc + w*x bit for bit, the product being exact),
+ * tails add +0.0 to the empty lanes, and the lanes are reduced in the fixed order of
+ * k3_reduce8. Single-row dots plus K3_ROWBLOCK (8)-row kernels that run the same
+ * per-row operations interleaved (8 independent chains, x converted once per block).
  * Compiled with -mavx512f -mavx512bw -mavx512dq -mavx512vl. */
 #include "common/kernels_impl.h"
 
@@ -11,8 +11,8 @@
 #include <immintrin.h>
 #include <pthread.h>
 
-#if K3_ROWBLOCK != 4
-#error "the row-block kernels below are written for 4 rows"
+#if K3_ROWBLOCK != 8
+#error "the row-block kernels below are written for 8 rows"
 #endif
 
 static inline float reduce512(__m512d acc) {
@@ -21,8 +21,10 @@ static inline float reduce512(__m512d acc) {
     return k3_reduce8(l);
 }
 
-/* lanes += w * x, the 8 products exact in double */
-static inline __m512d acc8(__m512d acc, __m512d wd, __m512d xd) { return _mm512_add_pd(acc, _mm512_mul_pd(wd, xd)); }
+/* lanes += w * x in one uop: w * x is exact in double (a float, bf16 or E2M1 * 2^k weight times a
+ * float has at most 48 significant bits), so fma(w, x, acc) rounds once exactly as the add
+ * does: the same bits (tests/unit/test_kernels.c test_fma_is_exact) */
+static inline __m512d fma8(__m512d acc, __m512d wd, __m512d xd) { return _mm512_fmadd_pd(wd, xd, acc); }
 
 static inline __m512d f32x8(const float *p) { return _mm512_cvtps_pd(_mm256_loadu_ps(p)); }
 /* masked-off lanes load +0.0f, so a tail adds 0 * 0 = +0.0 to the empty lanes */
@@ -30,166 +32,185 @@ static inline __m512d f32x8_tail(const float *p, __mmask8 m) { return _mm512_cvt
 static inline __mmask8 tail_mask(size_t left) { return (__mmask8)((1u << left) - 1); }
 
 /* Software prefetch for the streamed dense rows of the row-block kernels: one cache
- * line per row every 64 bytes, K3_PF_AHEAD bytes ahead (measured: +25-30 % for a
- * single thread streaming bf16 from memory). Addresses past a row are harmless. */
-#define K3_PF_AHEAD 2048
+ * line per row every 64 bytes, K3_PF_AHEAD bytes ahead in each of the 8 rows (8 KiB in
+ * flight per block; measured on a 2-core Xeon VM, 1 thread from memory: 512 B-1 KiB per
+ * row of 8 best, 8 KiB worse). Addresses past a row are harmless (the next rows). */
+#define K3_PF_AHEAD 1024
 /* always_inline: a separate function holding only prefetches is judged side-effect
  * free by GCC 12's IPA and its calls are deleted. */
-static inline __attribute__((always_inline)) void prefetch_rows4(const void *w, size_t row_bytes, size_t at) {
-    uintptr_t p = (uintptr_t)w + at + K3_PF_AHEAD;
-    _mm_prefetch((const char *)p, _MM_HINT_T0);
-    _mm_prefetch((const char *)(p + row_bytes), _MM_HINT_T0);
-    _mm_prefetch((const char *)(p + 2 * row_bytes), _MM_HINT_T0);
-    _mm_prefetch((const char *)(p + 3 * row_bytes), _MM_HINT_T0);
+static inline __attribute__((always_inline)) void prefetch_rows8(const void *w, size_t row_bytes, size_t at) {
+    uintptr_t p = (uintptr_t)w + at;
+    for (int r = 0; r < 8; r++) _mm_prefetch((const char *)(p + (size_t)r * row_bytes), _MM_HINT_T0);
 }
 
-static inline __m512d bf16x8_to_pd(__m128i h) {
-    __m256i u = _mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16); /* bf16 -> f32 is a 16-bit shift */
+/* bf16 -> f32 is a 16-bit left shift: vpshufb of the 8 words broadcast to both 128-bit
+ * lanes puts word k in the high half of dword k and zeros the low half (1 uop beside the
+ * load, where a zero-extension and a shift take 2); then f32 -> double (exact). */
+#define K3_BF16_IDX                                                                                         \
+    _mm256_setr_epi8(-1, -1, 0, 1, -1, -1, 2, 3, -1, -1, 4, 5, -1, -1, 6, 7, -1, -1, 8, 9, -1, -1, 10, 11, -1, \
+                     -1, 12, 13, -1, -1, 14, 15)
+static inline __m512d bf16x8_to_pd(__m128i h, __m256i idx) {
+    __m256i u = _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(h), idx);
     return _mm512_cvtps_pd(_mm256_castsi256_ps(u));
 }
-static inline __m512d bf16x8(const uint16_t *p) { return bf16x8_to_pd(_mm_loadu_si128((const __m128i *)p)); }
-static inline __m512d bf16x8_tail(const uint16_t *p, __mmask8 m) { return bf16x8_to_pd(_mm_maskz_loadu_epi16(m, p)); }
+static inline __m512d bf16x8(const uint16_t *p, __m256i idx) {
+    return bf16x8_to_pd(_mm_loadu_si128((const __m128i *)p), idx);
+}
+static inline __m512d bf16x8_tail(const uint16_t *p, __mmask8 m, __m256i idx) {
+    return bf16x8_to_pd(_mm_maskz_loadu_epi16(m, p), idx);
+}
 
 /* ---- dense F32 ---- */
 
 float k3_dot_f32_avx512(const float *w, const float *x, size_t n) {
     __m512d acc = _mm512_setzero_pd();
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) acc = acc8(acc, f32x8(w + i), f32x8(x + i));
+    for (; i + 8 <= n; i += 8) acc = fma8(acc, f32x8(w + i), f32x8(x + i));
     if (i < n) {
         __mmask8 m = tail_mask(n - i);
-        acc = acc8(acc, f32x8_tail(w + i, m), f32x8_tail(x + i, m));
+        acc = fma8(acc, f32x8_tail(w + i, m), f32x8_tail(x + i, m));
     }
     return reduce512(acc);
 }
 
+/* The 8-row kernels keep one accumulator per row (a0..a7); K3_STEP8(W8) adds the 8
+ * products of columns j..j+7 of every row, W8(r) giving row r's 8 weights in double
+ * and xd the 8 activations. */
+#define K3_ACC_DECL __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0
+#define K3_STEP8(W8)                                                                                        \
+    do {                                                                                                    \
+        a0 = fma8(a0, W8(0), xd);                                                                           \
+        a1 = fma8(a1, W8(1), xd);                                                                           \
+        a2 = fma8(a2, W8(2), xd);                                                                           \
+        a3 = fma8(a3, W8(3), xd);                                                                           \
+        a4 = fma8(a4, W8(4), xd);                                                                           \
+        a5 = fma8(a5, W8(5), xd);                                                                           \
+        a6 = fma8(a6, W8(6), xd);                                                                           \
+        a7 = fma8(a7, W8(7), xd);                                                                           \
+    } while (0)
+#define K3_ACC_OUT(out, a0, a1, a2, a3, a4, a5, a6, a7)                                                     \
+    do {                                                                                                    \
+        (out)[0] = reduce512(a0);                                                                           \
+        (out)[1] = reduce512(a1);                                                                           \
+        (out)[2] = reduce512(a2);                                                                           \
+        (out)[3] = reduce512(a3);                                                                           \
+        (out)[4] = reduce512(a4);                                                                           \
+        (out)[5] = reduce512(a5);                                                                           \
+        (out)[6] = reduce512(a6);                                                                           \
+        (out)[7] = reduce512(a7);                                                                           \
+    } while (0)
+
 void k3_rows_f32_avx512(const float *w, const float *x, size_t n, float *out) {
-    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
-    const float *w1 = w + n, *w2 = w + 2 * n, *w3 = w + 3 * n;
+    K3_ACC_DECL;
     size_t i = 0;
+#define W8(r) f32x8(w + (r) * n + j)
     for (; i + 16 <= n; i += 16) { /* 64 bytes of each row per step */
-        prefetch_rows4(w, n * sizeof *w, i * sizeof *w);
+        prefetch_rows8(w, n * sizeof *w, i * sizeof *w + K3_PF_AHEAD);
         for (size_t j = i; j < i + 16; j += 8) {
             __m512d xd = f32x8(x + j);
-            a0 = acc8(a0, f32x8(w + j), xd);
-            a1 = acc8(a1, f32x8(w1 + j), xd);
-            a2 = acc8(a2, f32x8(w2 + j), xd);
-            a3 = acc8(a3, f32x8(w3 + j), xd);
+            K3_STEP8(W8);
         }
     }
-    for (; i + 8 <= n; i += 8) {
-        __m512d xd = f32x8(x + i);
-        a0 = acc8(a0, f32x8(w + i), xd);
-        a1 = acc8(a1, f32x8(w1 + i), xd);
-        a2 = acc8(a2, f32x8(w2 + i), xd);
-        a3 = acc8(a3, f32x8(w3 + i), xd);
+    for (size_t j = i; j + 8 <= n; j += 8, i += 8) {
+        __m512d xd = f32x8(x + j);
+        K3_STEP8(W8);
     }
+#undef W8
     if (i < n) {
         __mmask8 m = tail_mask(n - i);
         __m512d xd = f32x8_tail(x + i, m);
-        a0 = acc8(a0, f32x8_tail(w + i, m), xd);
-        a1 = acc8(a1, f32x8_tail(w1 + i, m), xd);
-        a2 = acc8(a2, f32x8_tail(w2 + i, m), xd);
-        a3 = acc8(a3, f32x8_tail(w3 + i, m), xd);
+#define W8(r) f32x8_tail(w + (r) * n + i, m)
+        K3_STEP8(W8);
+#undef W8
     }
-    out[0] = reduce512(a0);
-    out[1] = reduce512(a1);
-    out[2] = reduce512(a2);
-    out[3] = reduce512(a3);
+    K3_ACC_OUT(out, a0, a1, a2, a3, a4, a5, a6, a7);
 }
 
 /* ---- dense BF16 ---- */
 
 float k3_dot_bf16_avx512(const uint16_t *w, const float *x, size_t n) {
+    const __m256i idx = K3_BF16_IDX;
     __m512d acc = _mm512_setzero_pd();
     size_t i = 0;
-    for (; i + 8 <= n; i += 8) acc = acc8(acc, bf16x8(w + i), f32x8(x + i));
+    for (; i + 8 <= n; i += 8) acc = fma8(acc, bf16x8(w + i, idx), f32x8(x + i));
     if (i < n) {
         __mmask8 m = tail_mask(n - i);
-        acc = acc8(acc, bf16x8_tail(w + i, m), f32x8_tail(x + i, m));
+        acc = fma8(acc, bf16x8_tail(w + i, m, idx), f32x8_tail(x + i, m));
     }
     return reduce512(acc);
 }
 
+/* The decode hot spot (every trunk matrix and the lm head): per 8 weights of a row a
+ * broadcast load, a vpshufb, a conversion (2 uops) and an FMA; x converted once per 8 rows. */
 void k3_rows_bf16_avx512(const uint16_t *w, const float *x, size_t n, float *out) {
-    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
-    const uint16_t *w1 = w + n, *w2 = w + 2 * n, *w3 = w + 3 * n;
+    const __m256i idx = K3_BF16_IDX;
+    K3_ACC_DECL;
     size_t i = 0;
+#define W8(r) bf16x8(w + (r) * n + j, idx)
     for (; i + 32 <= n; i += 32) { /* 64 bytes of each row per step */
-        prefetch_rows4(w, n * sizeof *w, i * sizeof *w);
+        prefetch_rows8(w, n * sizeof *w, i * sizeof *w + K3_PF_AHEAD);
         for (size_t j = i; j < i + 32; j += 8) {
             __m512d xd = f32x8(x + j);
-            a0 = acc8(a0, bf16x8(w + j), xd);
-            a1 = acc8(a1, bf16x8(w1 + j), xd);
-            a2 = acc8(a2, bf16x8(w2 + j), xd);
-            a3 = acc8(a3, bf16x8(w3 + j), xd);
+            K3_STEP8(W8);
         }
     }
-    for (; i + 8 <= n; i += 8) {
-        __m512d xd = f32x8(x + i);
-        a0 = acc8(a0, bf16x8(w + i), xd);
-        a1 = acc8(a1, bf16x8(w1 + i), xd);
-        a2 = acc8(a2, bf16x8(w2 + i), xd);
-        a3 = acc8(a3, bf16x8(w3 + i), xd);
+    for (size_t j = i; j + 8 <= n; j += 8, i += 8) {
+        __m512d xd = f32x8(x + j);
+        K3_STEP8(W8);
     }
+#undef W8
     if (i < n) {
         __mmask8 m = tail_mask(n - i);
         __m512d xd = f32x8_tail(x + i, m);
-        a0 = acc8(a0, bf16x8_tail(w + i, m), xd);
-        a1 = acc8(a1, bf16x8_tail(w1 + i, m), xd);
-        a2 = acc8(a2, bf16x8_tail(w2 + i, m), xd);
-        a3 = acc8(a3, bf16x8_tail(w3 + i, m), xd);
+#define W8(r) bf16x8_tail(w + (r) * n + i, m, idx)
+        K3_STEP8(W8);
+#undef W8
     }
-    out[0] = reduce512(a0);
-    out[1] = reduce512(a1);
-    out[2] = reduce512(a2);
-    out[3] = reduce512(a3);
+    K3_ACC_OUT(out, a0, a1, a2, a3, a4, a5, a6, a7);
 }
 
-/* 4 rows x 2 tokens (x and x + n): each weight vector is converted once for both. */
-static inline void acc8_x2(__m512d *a, __m512d *b, __m512d wd, __m512d xa, __m512d xb) {
-    *a = acc8(*a, wd, xa);
-    *b = acc8(*b, wd, xb);
-}
-
+/* 8 rows x 2 tokens (x and x + n): each weight vector is converted once for both. */
 void k3_rows_bf16_x2_avx512(const uint16_t *w, const float *x, size_t n, float *out) {
-    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
-    const uint16_t *w1 = w + n, *w2 = w + 2 * n, *w3 = w + 3 * n;
+    const __m256i idx = K3_BF16_IDX;
+    K3_ACC_DECL;
+    __m512d b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0;
     const float *x2 = x + n;
+#define K3_STEP8_X2(W8)                                                                                     \
+    do {                                                                                                    \
+        __m512d wd_;                                                                                        \
+        wd_ = W8(0), a0 = fma8(a0, wd_, xa), b0 = fma8(b0, wd_, xb);                                        \
+        wd_ = W8(1), a1 = fma8(a1, wd_, xa), b1 = fma8(b1, wd_, xb);                                        \
+        wd_ = W8(2), a2 = fma8(a2, wd_, xa), b2 = fma8(b2, wd_, xb);                                        \
+        wd_ = W8(3), a3 = fma8(a3, wd_, xa), b3 = fma8(b3, wd_, xb);                                        \
+        wd_ = W8(4), a4 = fma8(a4, wd_, xa), b4 = fma8(b4, wd_, xb);                                        \
+        wd_ = W8(5), a5 = fma8(a5, wd_, xa), b5 = fma8(b5, wd_, xb);                                        \
+        wd_ = W8(6), a6 = fma8(a6, wd_, xa), b6 = fma8(b6, wd_, xb);                                        \
+        wd_ = W8(7), a7 = fma8(a7, wd_, xa), b7 = fma8(b7, wd_, xb);                                        \
+    } while (0)
     size_t i = 0;
+#define W8(r) bf16x8(w + (r) * n + j, idx)
     for (; i + 32 <= n; i += 32) {
-        prefetch_rows4(w, n * sizeof *w, i * sizeof *w);
+        prefetch_rows8(w, n * sizeof *w, i * sizeof *w + K3_PF_AHEAD);
         for (size_t j = i; j < i + 32; j += 8) {
             __m512d xa = f32x8(x + j), xb = f32x8(x2 + j);
-            acc8_x2(&a0, &b0, bf16x8(w + j), xa, xb);
-            acc8_x2(&a1, &b1, bf16x8(w1 + j), xa, xb);
-            acc8_x2(&a2, &b2, bf16x8(w2 + j), xa, xb);
-            acc8_x2(&a3, &b3, bf16x8(w3 + j), xa, xb);
+            K3_STEP8_X2(W8);
         }
     }
-    for (; i + 8 <= n; i += 8) {
-        __m512d xa = f32x8(x + i), xb = f32x8(x2 + i);
-        acc8_x2(&a0, &b0, bf16x8(w + i), xa, xb);
-        acc8_x2(&a1, &b1, bf16x8(w1 + i), xa, xb);
-        acc8_x2(&a2, &b2, bf16x8(w2 + i), xa, xb);
-        acc8_x2(&a3, &b3, bf16x8(w3 + i), xa, xb);
+    for (size_t j = i; j + 8 <= n; j += 8, i += 8) {
+        __m512d xa = f32x8(x + j), xb = f32x8(x2 + j);
+        K3_STEP8_X2(W8);
     }
+#undef W8
     if (i < n) {
         __mmask8 m = tail_mask(n - i);
         __m512d xa = f32x8_tail(x + i, m), xb = f32x8_tail(x2 + i, m);
-        acc8_x2(&a0, &b0, bf16x8_tail(w + i, m), xa, xb);
-        acc8_x2(&a1, &b1, bf16x8_tail(w1 + i, m), xa, xb);
-        acc8_x2(&a2, &b2, bf16x8_tail(w2 + i, m), xa, xb);
-        acc8_x2(&a3, &b3, bf16x8_tail(w3 + i, m), xa, xb);
+#define W8(r) bf16x8_tail(w + (r) * n + i, m, idx)
+        K3_STEP8_X2(W8);
+#undef W8
     }
-    out[0] = reduce512(a0);
-    out[1] = reduce512(a1);
-    out[2] = reduce512(a2);
-    out[3] = reduce512(a3);
-    out[4] = reduce512(b0);
-    out[5] = reduce512(b1);
-    out[6] = reduce512(b2);
-    out[7] = reduce512(b3);
+#undef K3_STEP8_X2
+    K3_ACC_OUT(out, a0, a1, a2, a3, a4, a5, a6, a7);
+    K3_ACC_OUT(out + 8, b0, b1, b2, b3, b4, b5, b6, b7);
 }
 
 /* ---- MXFP4 ----
@@ -198,20 +219,28 @@ void k3_rows_bf16_x2_avx512(const uint16_t *w, const float *x, size_t n, float *
  * the low nibble, 2j+1 in the high one), so broadcasting the word and shifting lane
  * k right by 4k (or 4k-32) puts element k's code in bits 0..3 of lane k. vpermi2pd
  * reads exactly those bits: 0..2 pick the entry, bit 3 (the sign) picks the
- * negative half of the table. The table is pre-multiplied by the block scale
- * 2^(s-127): E2M1 * 2^k is exact in double, so the weight equals the scalar one. */
+ * negative half of the table. The table is the E2M1 values times the block scale
+ * 2^(s-127), one 128-byte entry per scale byte s (mxfp4_tab, 32 KiB, built once):
+ * E2M1 * 2^k is exact in double, so the weight equals the scalar one, and the
+ * product with a float activation is exact too, so fma(w, x, acc) gives the bits of
+ * acc + w*x. Per 8 weights: a shift, a vpermi2pd and an FMA. */
+
+static double mxfp4_tab[256][16] __attribute__((aligned(64)));
+static pthread_once_t mxfp4_tab_once = PTHREAD_ONCE_INIT;
+static void mxfp4_tab_init(void) {
+    for (unsigned s = 0; s < 256; s++)
+        for (unsigned c = 0; c < 16; c++) mxfp4_tab[s][c] = (double)E2M1_VALUES[c] * k3_mxfp4_scale((uint8_t)s);
+}
 
 typedef struct {
     __m512i sh_lo, sh_hi; /* shifts for elements 0..7 and 8..15 of a 64-bit word */
-    __m512d pos, neg;     /* E2M1 codes 0..7 and 8..15 */
 } mxfp4_consts;
 
 static inline mxfp4_consts mxfp4_init(void) {
+    pthread_once(&mxfp4_tab_once, mxfp4_tab_init);
     mxfp4_consts c;
     c.sh_lo = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
     c.sh_hi = _mm512_setr_epi64(32, 36, 40, 44, 48, 52, 56, 60);
-    c.pos = _mm512_setr_pd(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
-    c.neg = _mm512_setr_pd(-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0);
     return c;
 }
 
@@ -221,16 +250,17 @@ static inline __m512i bcast_word(const uint8_t *p) {
     return _mm512_set1_epi64((long long)q);
 }
 
-/* acc += the 32 products of one block, x0..x3 its 32 activations in double */
-static inline __m512d mxfp4_block(const mxfp4_consts *c, __m512d acc, const uint8_t *packed, uint8_t scale,
-                                  __m512d x0, __m512d x1, __m512d x2, __m512d x3) {
-    __m512d s = _mm512_set1_pd(k3_mxfp4_scale(scale));
-    __m512d tpos = _mm512_mul_pd(c->pos, s), tneg = _mm512_mul_pd(c->neg, s);
-    __m512i q0 = bcast_word(packed), q1 = bcast_word(packed + 8);
-    acc = acc8(acc, _mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q0, c->sh_lo), tneg), x0);
-    acc = acc8(acc, _mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q0, c->sh_hi), tneg), x1);
-    acc = acc8(acc, _mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q1, c->sh_lo), tneg), x2);
-    acc = acc8(acc, _mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q1, c->sh_hi), tneg), x3);
+/* the 8 weights of elements 8j..8j+7 of a block (j = 0..3) with the block's table t */
+#define K3_MX_W(t, q, sh) _mm512_permutex2var_pd(_mm512_load_pd(t), _mm512_srlv_epi64(q, sh), _mm512_load_pd((t) + 8))
+
+/* acc += the 32 products of one block (packed bytes p, table t), x0..x3 its activations */
+static inline __m512d mxfp4_block(const mxfp4_consts *c, __m512d acc, const uint8_t *p, const double *t, __m512d x0,
+                                  __m512d x1, __m512d x2, __m512d x3) {
+    __m512i q0 = bcast_word(p), q1 = bcast_word(p + 8);
+    acc = fma8(acc, K3_MX_W(t, q0, c->sh_lo), x0);
+    acc = fma8(acc, K3_MX_W(t, q0, c->sh_hi), x1);
+    acc = fma8(acc, K3_MX_W(t, q1, c->sh_lo), x2);
+    acc = fma8(acc, K3_MX_W(t, q1, c->sh_hi), x3);
     return acc;
 }
 
@@ -239,79 +269,78 @@ float k3_dot_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const fl
     __m512d acc = _mm512_setzero_pd();
     for (size_t b = 0; b < n / 32; b++) {
         const float *xb = x + b * 32;
-        acc = mxfp4_block(&c, acc, packed + b * 16, scales[b], f32x8(xb), f32x8(xb + 8), f32x8(xb + 16),
+        acc = mxfp4_block(&c, acc, packed + b * 16, mxfp4_tab[scales[b]], f32x8(xb), f32x8(xb + 8), f32x8(xb + 16),
                           f32x8(xb + 24));
     }
     return reduce512(acc);
 }
 
-/* The one-token row-block kernel (the decode hot spot), with fewer uops on the two
- * vector ports per 8 weights than the shared block above:
- * - fma(w, x, acc) instead of acc + w*x: w = E2M1 * 2^(s-127) has at most 2
- *   significant bits and x is a float (24), so w*x is exact in double (the exponents
- *   stay far inside the double range) and the fma rounds once, exactly like the add;
- * - the block scale is read from a 256-entry table of doubles, so its broadcast is a
- *   load (no GPR->vector move and shuffle); the packed words are broadcast from memory.
- * Products, lanes and the per-lane order are those of the scalar reference. */
-static double mxfp4_scale_tab[256];
-static void mxfp4_scale_tab_init(void) {
-    for (unsigned i = 0; i < 256; i++) mxfp4_scale_tab[i] = k3_mxfp4_scale((uint8_t)i);
-}
+/* The one-token 8-row kernel (decode's expert hot spot). The table offsets of the 8
+ * rows' blocks are prepared per chunk of K3_MX_CHUNK blocks into a small array on the
+ * stack (one 16-byte load, zero-extension and shift per 16 blocks of a row), so the
+ * block loop needs one base register for all 8 rows' scales and no scalar shift per
+ * block; x is converted once per 8 rows; each row's packed bytes are prefetched
+ * K3_MX_AHEAD bytes ahead. */
+#define K3_MX_CHUNK 64
+#define K3_MX_AHEAD 1024
 
-static inline __m512d mxfp4_block_fma(const mxfp4_consts *c, __m512d acc, const uint8_t *packed, uint8_t scale,
-                                      __m512d x0, __m512d x1, __m512d x2, __m512d x3) {
-    __m512d s = _mm512_set1_pd(mxfp4_scale_tab[scale]);
-    __m512d tpos = _mm512_mul_pd(c->pos, s), tneg = _mm512_mul_pd(c->neg, s);
-    __m512i q0 = bcast_word(packed), q1 = bcast_word(packed + 8);
-    acc = _mm512_fmadd_pd(_mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q0, c->sh_lo), tneg), x0, acc);
-    acc = _mm512_fmadd_pd(_mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q0, c->sh_hi), tneg), x1, acc);
-    acc = _mm512_fmadd_pd(_mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q1, c->sh_lo), tneg), x2, acc);
-    acc = _mm512_fmadd_pd(_mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q1, c->sh_hi), tneg), x3, acc);
-    return acc;
+static inline void mxfp4_offsets(const uint8_t *s, size_t nb, uint32_t *off) {
+    size_t b = 0;
+    for (; b + 16 <= nb; b += 16)
+        _mm512_storeu_si512(off + b, _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(s + b))), 7));
+    if (b < nb) {
+        __mmask16 m = (__mmask16)((1u << (nb - b)) - 1);
+        _mm512_mask_storeu_epi32(off + b, m, _mm512_slli_epi32(_mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s + b)), 7));
+    }
 }
 
 void k3_rows_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out) {
-    static pthread_once_t once = PTHREAD_ONCE_INIT;
-    pthread_once(&once, mxfp4_scale_tab_init);
     const mxfp4_consts c = mxfp4_init();
-    const size_t pr = n / 2, sr = n / 32; /* row strides */
-    __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0;
-    for (size_t b = 0; b < n / 32; b++) {
-        const float *xb = x + b * 32;
-        const uint8_t *p = packed + b * 16, *s = scales + b;
-        __m512d x0 = f32x8(xb), x1 = f32x8(xb + 8), x2 = f32x8(xb + 16), x3 = f32x8(xb + 24);
-        a0 = mxfp4_block_fma(&c, a0, p, s[0], x0, x1, x2, x3);
-        a1 = mxfp4_block_fma(&c, a1, p + pr, s[sr], x0, x1, x2, x3);
-        a2 = mxfp4_block_fma(&c, a2, p + 2 * pr, s[2 * sr], x0, x1, x2, x3);
-        a3 = mxfp4_block_fma(&c, a3, p + 3 * pr, s[3 * sr], x0, x1, x2, x3);
+    const size_t pr = n / 2, sr = n / 32, nb = n / 32; /* row strides; blocks per row */
+    const char *tab = (const char *)mxfp4_tab;
+    uint32_t off[8][K3_MX_CHUNK];
+    K3_ACC_DECL;
+    for (size_t b0 = 0; b0 < nb; b0 += K3_MX_CHUNK) {
+        const size_t nbc = nb - b0 < K3_MX_CHUNK ? nb - b0 : K3_MX_CHUNK;
+        for (size_t r = 0; r < 8; r++) mxfp4_offsets(scales + r * sr + b0, nbc, off[r]);
+        for (size_t b = 0; b < nbc; b++) {
+            const uint8_t *p = packed + (b0 + b) * 16;
+            const float *xb = x + (b0 + b) * 32;
+            if ((b & 3) == 0) prefetch_rows8(p, pr, K3_MX_AHEAD);
+            const __m512d x0 = f32x8(xb), x1 = f32x8(xb + 8), x2 = f32x8(xb + 16), x3 = f32x8(xb + 24);
+#define K3_MX_ROW(a, r) a = mxfp4_block(&c, a, p + (r) * pr, (const double *)(tab + off[r][b]), x0, x1, x2, x3)
+            K3_MX_ROW(a0, 0);
+            K3_MX_ROW(a1, 1);
+            K3_MX_ROW(a2, 2);
+            K3_MX_ROW(a3, 3);
+            K3_MX_ROW(a4, 4);
+            K3_MX_ROW(a5, 5);
+            K3_MX_ROW(a6, 6);
+            K3_MX_ROW(a7, 7);
+#undef K3_MX_ROW
+        }
     }
-    out[0] = reduce512(a0);
-    out[1] = reduce512(a1);
-    out[2] = reduce512(a2);
-    out[3] = reduce512(a3);
+    K3_ACC_OUT(out, a0, a1, a2, a3, a4, a5, a6, a7);
 }
 
-/* 4 rows x 2 tokens (x and x + n): each decoded weight vector serves both tokens. */
+/* 4 rows x 2 tokens (x and x + n): each decoded weight vector serves both tokens;
+ * out[j] token 0 of row j, out[8 + j] token 1. The 8-row _x2 kernel runs it twice. */
 typedef struct {
     __m512d a0, a1, a2, a3; /* token 0: the 32 activations of the block in double */
     __m512d b0, b1, b2, b3; /* token 1 */
 } x2_block;
 
 static inline void mxfp4_block_x2(const mxfp4_consts *c, __m512d *a, __m512d *b, const uint8_t *packed,
-                                  uint8_t scale, const x2_block *xv) {
-    __m512d s = _mm512_set1_pd(k3_mxfp4_scale(scale));
-    __m512d tpos = _mm512_mul_pd(c->pos, s), tneg = _mm512_mul_pd(c->neg, s);
+                                  const double *t, const x2_block *xv) {
     __m512i q0 = bcast_word(packed), q1 = bcast_word(packed + 8);
-    __m512d e0 = _mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q0, c->sh_lo), tneg);
-    __m512d e1 = _mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q0, c->sh_hi), tneg);
-    __m512d e2 = _mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q1, c->sh_lo), tneg);
-    __m512d e3 = _mm512_permutex2var_pd(tpos, _mm512_srlv_epi64(q1, c->sh_hi), tneg);
-    *a = acc8(acc8(acc8(acc8(*a, e0, xv->a0), e1, xv->a1), e2, xv->a2), e3, xv->a3);
-    *b = acc8(acc8(acc8(acc8(*b, e0, xv->b0), e1, xv->b1), e2, xv->b2), e3, xv->b3);
+    __m512d e0 = K3_MX_W(t, q0, c->sh_lo), e1 = K3_MX_W(t, q0, c->sh_hi);
+    __m512d e2 = K3_MX_W(t, q1, c->sh_lo), e3 = K3_MX_W(t, q1, c->sh_hi);
+    *a = fma8(fma8(fma8(fma8(*a, e0, xv->a0), e1, xv->a1), e2, xv->a2), e3, xv->a3);
+    *b = fma8(fma8(fma8(fma8(*b, e0, xv->b0), e1, xv->b1), e2, xv->b2), e3, xv->b3);
 }
 
-void k3_rows_mxfp4_x2_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out) {
-    const mxfp4_consts c = mxfp4_init();
+static void mxfp4_rows4_x2(const mxfp4_consts *c, const uint8_t *packed, const uint8_t *scales, const float *x,
+                           size_t n, float *out) {
     const size_t pr = n / 2, sr = n / 32;
     __m512d a0 = _mm512_setzero_pd(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
     for (size_t b = 0; b < n / 32; b++) {
@@ -319,19 +348,25 @@ void k3_rows_mxfp4_x2_avx512(const uint8_t *packed, const uint8_t *scales, const
         const x2_block xv = {f32x8(xa), f32x8(xa + 8), f32x8(xa + 16), f32x8(xa + 24),
                              f32x8(xb), f32x8(xb + 8), f32x8(xb + 16), f32x8(xb + 24)};
         const uint8_t *p = packed + b * 16, *s = scales + b;
-        mxfp4_block_x2(&c, &a0, &b0, p, s[0], &xv);
-        mxfp4_block_x2(&c, &a1, &b1, p + pr, s[sr], &xv);
-        mxfp4_block_x2(&c, &a2, &b2, p + 2 * pr, s[2 * sr], &xv);
-        mxfp4_block_x2(&c, &a3, &b3, p + 3 * pr, s[3 * sr], &xv);
+        mxfp4_block_x2(c, &a0, &b0, p, mxfp4_tab[s[0]], &xv);
+        mxfp4_block_x2(c, &a1, &b1, p + pr, mxfp4_tab[s[sr]], &xv);
+        mxfp4_block_x2(c, &a2, &b2, p + 2 * pr, mxfp4_tab[s[2 * sr]], &xv);
+        mxfp4_block_x2(c, &a3, &b3, p + 3 * pr, mxfp4_tab[s[3 * sr]], &xv);
     }
     out[0] = reduce512(a0);
     out[1] = reduce512(a1);
     out[2] = reduce512(a2);
     out[3] = reduce512(a3);
-    out[4] = reduce512(b0);
-    out[5] = reduce512(b1);
-    out[6] = reduce512(b2);
-    out[7] = reduce512(b3);
+    out[8] = reduce512(b0);
+    out[9] = reduce512(b1);
+    out[10] = reduce512(b2);
+    out[11] = reduce512(b3);
+}
+
+void k3_rows_mxfp4_x2_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out) {
+    const mxfp4_consts c = mxfp4_init();
+    mxfp4_rows4_x2(&c, packed, scales, x, n, out);
+    mxfp4_rows4_x2(&c, packed + 4 * (n / 2), scales + 4 * (n / 32), x, n, out + 4);
 }
 
 #endif

@@ -18,7 +18,7 @@
  * overlap and the conversion of x is shared. The drivers use them for full blocks.
  * The _x2 variants take 2 tokens (x and x + n) and write out[t*K3_ROWBLOCK + j]:
  * each weight vector is decoded once for both tokens. */
-#define K3_ROWBLOCK 4
+#define K3_ROWBLOCK 8
 typedef void (*k3_rows_f32_fn)(const float *w, const float *x, size_t n, float *out);
 typedef void (*k3_rows_bf16_fn)(const uint16_t *w, const float *x, size_t n, float *out);
 typedef void (*k3_rows_mxfp4_fn)(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out);

@@ -176,12 +176,13 @@ static float *make_x(uint64_t *s, size_t cols, float **to_free) {
 
 static void test_dense(tstate *ts, dense_dtype dt) {
     static const size_t extra_cols[] = {71, 96, 127, 128, 129, 255, 1000, 1023, 3072, 3584, 7168, 7175};
-    static const size_t rows_list[] = {1, 3, 7, 13};
+    /* row counts across the one-token row block (K3_ROWBLOCK, 8): none, one, one + a partial, two */
+    static const size_t rows_list[] = {1, 3, 7, 13, 8, 17, 16, 24};
     uint64_t seed = dt == DTYPE_F32 ? 1 : 2;
     size_t ncols = 70 + sizeof extra_cols / sizeof extra_cols[0];
     for (size_t ci = 0; ci < ncols; ci++) {
         size_t cols = ci < 70 ? ci + 1 : extra_cols[ci - 70];
-        size_t rows = rows_list[ci % 4];
+        size_t rows = rows_list[ci % 8];
         size_t esz = dt == DTYPE_F32 ? 4 : 2;
         uint8_t *wbuf = malloc(rows * cols * esz + esz);
         if (!wbuf) abort();
@@ -209,10 +210,10 @@ static void fill_mxfp4(uint64_t *s, uint8_t *packed, uint8_t *scales, size_t row
 
 static void test_mxfp4_sizes(tstate *ts) {
     static const size_t cols_list[] = {32, 64, 96, 128, 160, 192, 224, 256, 288, 320, 640, 1056, 3072, 3584, 7168};
-    static const size_t rows_list[] = {1, 3, 5, 7, 13, 17};
+    static const size_t rows_list[] = {1, 3, 5, 7, 13, 17, 8, 16, 24};
     uint64_t seed = 3;
     for (size_t ci = 0; ci < sizeof cols_list / sizeof cols_list[0]; ci++) {
-        size_t cols = cols_list[ci], rows = rows_list[ci % 6];
+        size_t cols = cols_list[ci], rows = rows_list[ci % 9];
         uint8_t *packed = malloc(rows * cols / 2 + 1), *scales = malloc(rows * cols / 32 + 1);
         if (!packed || !scales) abort();
         fill_mxfp4(&seed, packed + 1, scales + 1, rows, cols); /* misaligned */

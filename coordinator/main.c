@@ -969,7 +969,7 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     }
     /* the kernels' row blocks (common/kernels.h): a bound placement keeps the static partition
      * its rows were placed for; otherwise a thread the host deschedules leaves its blocks to the
-     * others (4 blocks a grab: 16 rows of a one-token matmul, 96 of a multi-token one) */
+     * others (4 blocks a grab: 32 rows of a one-token matmul, 96 of a multi-token one) */
     omp_set_schedule(pl.bound ? omp_sched_static : omp_sched_dynamic, pl.bound ? 0 : 4);
     ri.n_workers = pl.n_servers; /* 0 with --mpi (make_placement) */
     ri.mpi = o.mpi;

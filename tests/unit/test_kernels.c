@@ -1,7 +1,7 @@
 /* test_kernels.c - unit test of the exact kernels (common/kernels.h): the scalar
  * path against an independent re-implementation of the documented partition,
  * scalar / AVX2 / AVX-512 bit-identical (dense F32, dense BF16, MXFP4, many sizes
- * and tails; row counts with full and partial 4-row blocks, so the drivers'
+ * and tails; row counts with full and partial 8-row blocks, so the drivers'
  * row-block kernels are checked against the single-row dots), multi-token ==
  * single-token (also prefill-sized batches through the multi-token kernels),
  * fma == multiply-then-add on the contract's exact products, 1 thread == many threads, MXFP4

@@ -29,13 +29,16 @@ static void conv_silu(float *io, float *hist, const float *w, size_t T, size_t P
     memcpy(hist, ext + T * P, H1 * P * sizeof *ext);
 }
 
-/* One head, one token: the delta-rule update and read. S is [D][D] (row = key dim). */
+/* One head, one token: the delta-rule update and read. S is [D][D] (row = key dim).
+ * The inner loops run across the value dim m: every element is its own chain (the
+ * sums run over j), so their vectorization changes no bit. */
 static void kda_head_step(float *S, const float *q, const float *kv, const float *v, const double *alpha, double beta,
                           size_t D, float *o, double *acc) {
     for (size_t m = 0; m < D; m++) acc[m] = 0;
     for (size_t j = 0; j < D; j++) { /* decay, and S^T k on the decayed state */
         float *row = S + j * D;
         double a = alpha[j], kj = kv[j];
+#pragma omp simd
         for (size_t m = 0; m < D; m++) {
             row[m] = (float)((double)row[m] * a);
             acc[m] += (double)row[m] * kj;
@@ -47,6 +50,7 @@ static void kda_head_step(float *S, const float *q, const float *kv, const float
     for (size_t j = 0; j < D; j++) { /* delta write, then read the UPDATED state */
         float *row = S + j * D;
         double kj = kv[j], qj = q[j];
+#pragma omp simd
         for (size_t m = 0; m < D; m++) {
             row[m] = (float)((double)row[m] + kj * acc[m]);
             oacc[m] += (double)row[m] * qj;

@@ -5,18 +5,39 @@
  *   q_nope . (Wk_h c)  =  (Wk_h^T q_nope) . c      and    o_h = Wv_h (sum_s p_s c_s),
  * so the per-head keys and values are never expanded. The rope part of the key
  * is ONE vector shared by all heads, never rotated; the score scale is
- * (nope+rope)^-0.5. Output: o * sigmoid(Wg x) (gate only, no norm), then Wo. */
+ * (nope+rope)^-0.5. Output: o * sigmoid(Wg x) (gate only, no norm), then Wo.
+ *
+ * A job is MLA_HB heads of one segment: their scores run across the heads (one
+ * position's cached row against MLA_HB absorbed queries, lane j = head j) and their
+ * latent contexts across the latent width, so the loops vectorize; every score,
+ * context and q_lat element is still its own chain of double multiply-then-add in
+ * the order above (r, then cc, then rope; positions in order), so the bits are those
+ * of one head at a time, at any SIMD width. */
 #include "common/activations.h"
 #include "coordinator/layers.h"
 #include <math.h>
 #include <omp.h>
 #include <string.h>
 
+enum { MLA_HB = 8 }; /* heads per job */
+
 typedef struct {
     float *qa, *q, *ckv, *o, *gate;
-    double *head;   /* [nthreads][2 kv_lora + max_ctx] */
+    double *head;   /* [nthreads][MLA_HB * (3 kv_lora + rope + max_ctx)] */
     float *ctxf;    /* [nthreads][kv_lora] */
 } mla_bufs;
+
+/* per thread: q_lat [HB][kr], its transpose [kr][HB], q_pe [rope][HB], ctx [HB][kr], p [ctx][HB] */
+static size_t mla_head_doubles(size_t kr, size_t rope, size_t max_ctx) { return MLA_HB * (3 * kr + rope + max_ctx); }
+
+/* softmax_d (activations.c) over x[0], x[stride], ..., x[(n-1)*stride]: the same operations */
+static void softmax_strided(double *x, size_t n, size_t stride) {
+    double m = -INFINITY;
+    for (size_t i = 0; i < n; i++) if (x[i * stride] > m) m = x[i * stride];
+    double s = 0;
+    for (size_t i = 0; i < n; i++) { x[i * stride] = exp(x[i * stride] - m); s += x[i * stride]; }
+    for (size_t i = 0; i < n; i++) x[i * stride] /= s;
+}
 
 static int mla_layout(scratch *sc, const k3_config *c, size_t R, int nthreads, size_t max_ctx, mla_bufs *B) {
     size_t H = (size_t)c->num_attention_heads, qr = (size_t)c->q_lora_rank, kr = (size_t)c->kv_lora_rank,
@@ -27,7 +48,7 @@ static int mla_layout(scratch *sc, const k3_config *c, size_t R, int nthreads, s
     B->ckv = scratch_take(sc, R * (kr + rope) * f);
     B->o = scratch_take(sc, R * H * vd * f);
     B->gate = c->mla_use_output_gate ? scratch_take(sc, R * H * vd * f) : NULL;
-    B->head = scratch_take(sc, nt * (2 * kr + max_ctx) * sizeof(double));
+    B->head = scratch_take(sc, nt * mla_head_doubles(kr, rope, max_ctx) * sizeof(double));
     B->ctxf = scratch_take(sc, nt * kr * f);
     return B->qa && B->q && B->ckv && B->o && (B->gate || !c->mla_use_output_gate) && B->head && B->ctxf ? 0 : -1;
 }
@@ -72,44 +93,79 @@ int mla_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const mla_
     if (c->mla_use_output_gate && trunk_matmul(tp, k, &w->g, x, R, gate, err)) goto out;
     dense_weight kvb;
     if (trunk_get(tp, &w->kv_b, &kvb, err)) goto out; /* read by every head below */
-    size_t jobs = nseg * H;
+    const size_t nhb = (H + MLA_HB - 1) / MLA_HB, jobs = nseg * nhb, per = mla_head_doubles(kr, rope, max_ctx);
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (size_t job = 0; job < jobs; job++) {
-        size_t s = job / H, h = job % H;
+        const size_t s = job / nhb, h0 = (job % nhb) * MLA_HB, nb = H - h0 < MLA_HB ? H - h0 : MLA_HB;
         int me = omp_get_thread_num();
-        double *qlat = B.head + (size_t)me * (2 * kr + max_ctx);
+        double *qlat = B.head + (size_t)me * per, *qT = qlat + MLA_HB * kr, *qpeT = qT + MLA_HB * kr;
+        double *ctx = qpeT + MLA_HB * rope, *p = ctx + MLA_HB * kr;
         float *ctxf = B.ctxf + (size_t)me * kr;
-        double *ctx = qlat + kr, *p = ctx + kr;
         const float *cache = sg[s].st->mla[l].cache;
         for (size_t i = 0; i < sg[s].n; i++) {
             size_t t = sg[s].row0 + i;
-            const float *qn = q + (t * H + h) * qh, *qpe = qn + nope;
-            /* q_lat[c] = sum_r Wkv_b[h*kvh + r][c] * q_nope[r], r in order */
-            for (size_t cc = 0; cc < kr; cc++) qlat[cc] = 0;
-            for (size_t r = 0; r < nope; r++) {
-                double qv = qn[r];
-                for (size_t cc = 0; cc < kr; cc++) qlat[cc] += (double)dense_at(&kvb, h * kvh + r, cc) * qv;
+            /* q_lat[c] = sum_r Wkv_b[h*kvh + r][c] * q_nope[r], r in order; heads past H: zeros */
+            for (size_t j = 0; j < MLA_HB; j++) {
+                double *ql = qlat + j * kr;
+                for (size_t cc = 0; cc < kr; cc++) ql[cc] = 0;
+                if (j >= nb) continue;
+                const float *qn = q + (t * H + h0 + j) * qh;
+                for (size_t r = 0; r < nope; r++) {
+                    const double qv = qn[r];
+                    const size_t wrow = (h0 + j) * kvh + r;
+                    if (kvb.dtype == DTYPE_BF16) {
+                        const uint16_t *wr = (const uint16_t *)kvb.data + wrow * kvb.cols;
+#pragma omp simd
+                        for (size_t cc = 0; cc < kr; cc++) ql[cc] += (double)bf16_to_f32(wr[cc]) * qv;
+                    } else {
+                        const float *wr = (const float *)kvb.data + wrow * kvb.cols;
+#pragma omp simd
+                        for (size_t cc = 0; cc < kr; cc++) ql[cc] += (double)wr[cc] * qv;
+                    }
+                }
             }
+            for (size_t cc = 0; cc < kr; cc++)
+                for (size_t j = 0; j < MLA_HB; j++) qT[cc * MLA_HB + j] = qlat[j * kr + cc];
+            for (size_t r = 0; r < rope; r++)
+                for (size_t j = 0; j < MLA_HB; j++)
+                    qpeT[r * MLA_HB + j] = j < nb ? (double)q[(t * H + h0 + j) * qh + nope + r] : 0.0;
             size_t last = sg[s].pos + i; /* causal: positions 0..last */
             for (size_t ps = 0; ps <= last; ps++) {
                 const float *cs = cache + ps * row;
-                double dl = 0, dp = 0;
-                for (size_t cc = 0; cc < kr; cc++) dl += qlat[cc] * (double)cs[cc];
-                for (size_t r = 0; r < rope; r++) dp += (double)qpe[r] * (double)cs[kr + r];
-                p[ps] = (dl + dp) * scale;
+                double dl[MLA_HB], dp[MLA_HB];
+                for (size_t j = 0; j < MLA_HB; j++) dl[j] = dp[j] = 0;
+                for (size_t cc = 0; cc < kr; cc++) {
+                    const double cv = cs[cc], *qc = qT + cc * MLA_HB;
+#pragma omp simd
+                    for (size_t j = 0; j < MLA_HB; j++) dl[j] += qc[j] * cv;
+                }
+                for (size_t r = 0; r < rope; r++) {
+                    const double cv = cs[kr + r], *qc = qpeT + r * MLA_HB;
+#pragma omp simd
+                    for (size_t j = 0; j < MLA_HB; j++) dp[j] += qc[j] * cv;
+                }
+                for (size_t j = 0; j < MLA_HB; j++) p[ps * MLA_HB + j] = (dl[j] + dp[j]) * scale;
             }
-            softmax_d(p, last + 1);
-            for (size_t cc = 0; cc < kr; cc++) ctx[cc] = 0;
+            for (size_t j = 0; j < nb; j++) softmax_strided(p + j, last + 1, MLA_HB);
+            for (size_t j = 0; j < nb * kr; j++) ctx[j] = 0;
             for (size_t ps = 0; ps <= last; ps++) {
                 const float *cs = cache + ps * row;
-                for (size_t cc = 0; cc < kr; cc++) ctx[cc] += p[ps] * (double)cs[cc];
+                for (size_t j = 0; j < nb; j++) {
+                    const double pj = p[ps * MLA_HB + j];
+                    double *cj = ctx + j * kr;
+#pragma omp simd
+                    for (size_t cc = 0; cc < kr; cc++) cj[cc] += pj * (double)cs[cc];
+                }
             }
-            for (size_t cc = 0; cc < kr; cc++) ctxf[cc] = (float)ctx[cc];
-            float *oh = o + (t * H + h) * vd;
-            for (size_t m = 0; m < vd; m++) {
-                float val = dense_row_dot(k, &kvb, h * kvh + nope + m, ctxf);
-                if (c->mla_use_output_gate) val = (float)((double)val * sigmoid_d(gate[(t * H + h) * vd + m]));
-                oh[m] = val;
+            for (size_t j = 0; j < nb; j++) {
+                const size_t h = h0 + j;
+                for (size_t cc = 0; cc < kr; cc++) ctxf[cc] = (float)ctx[j * kr + cc];
+                float *oh = o + (t * H + h) * vd;
+                for (size_t m = 0; m < vd; m++) {
+                    float val = dense_row_dot(k, &kvb, h * kvh + nope + m, ctxf);
+                    if (c->mla_use_output_gate) val = (float)((double)val * sigmoid_d(gate[(t * H + h) * vd + m]));
+                    oh[m] = val;
+                }
             }
         }
     }

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """gen_model.py: deterministic random Kimi K3 checkpoints in the release format.
 
-  gen_model.py --preset m13|m14b12|realwidth [--out DIR] [--expected-dir DIR]
+  gen_model.py --preset m13|m14b12|numa|heads|realwidth [--out DIR] [--expected-dir DIR]
                [--layers N] [--experts N] [--topk K] [--no-expected]
 
 Writes config.json (nested: kimi_k3 / text_config kimi_linear / linear_attn_config),
@@ -56,6 +56,14 @@ PRESETS = {
                  mla_H=4, q_lora=128, kv_lora=64, nope=32, rope=16, vdim=32,
                  I_dense=2048, n_exp=8, topk=2, n_shared=1, I_moe=64, L_lat=128,
                  rsf=1.0, shards=2, merges=252, n_gen=0),
+    # More heads than one attention job takes (MLA: 8 heads a job; KDA: per head), 4 layers:
+    # the engine's head blocking against the reference (tests/t_20_model_gates.sh; generated
+    # there, not committed).
+    "heads": dict(E=64, layers=4, block=3, full=[2, 4],
+                  kda_H=9, kda_D=16, conv_K=4, gate_lb=-5.0,
+                  mla_H=19, q_lora=24, kv_lora=16, nope=8, rope=8, vdim=8,
+                  I_dense=64, n_exp=8, topk=2, n_shared=1, I_moe=32, L_lat=32,
+                  rsf=1.0, shards=1, merges=252, n_gen=12),
     # K3's real widths, few layers/experts: benchmarks only (not committed).
     "realwidth": dict(E=7168, layers=6, block=12, full=None,
                       kda_H=96, kda_D=128, conv_K=4, gate_lb=-5.0,

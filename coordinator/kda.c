@@ -31,7 +31,12 @@ static void conv_silu(float *io, float *hist, const float *w, size_t T, size_t P
 
 /* One head, one token: the delta-rule update and read. S is [D][D] (row = key dim).
  * The inner loops run across the value dim m: every element is its own chain (the
- * sums run over j), so their vectorization changes no bit. */
+ * sums run over j), so their vectorization changes no bit; compiled for the widest
+ * vectors the CPU has (target_clones, resolved at load; -ffp-contract=off keeps
+ * multiply and add apart in every clone). */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
 static void kda_head_step(float *S, const float *q, const float *kv, const float *v, const double *alpha, double beta,
                           size_t D, float *o, double *acc) {
     for (size_t m = 0; m < D; m++) acc[m] = 0;

@@ -53,6 +53,62 @@ static int mla_layout(scratch *sc, const k3_config *c, size_t R, int nthreads, s
     return B->qa && B->q && B->ckv && B->o && (B->gate || !c->mla_use_output_gate) && B->head && B->ctxf ? 0 : -1;
 }
 
+/* The vector loops below, compiled for the widest vectors the CPU has (resolved once at
+ * load): they are element-wise (each lane its own chain), so every clone gives the same
+ * bits, and -ffp-contract=off keeps multiply and add apart. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define MLA_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MLA_CLONES
+#endif
+
+/* ql[cc] += (double)w[cc] * qv over kr columns of a bf16 / f32 row */
+MLA_CLONES static void axpy_bf16(double *ql, const uint16_t *wr, double qv, size_t kr) {
+#pragma omp simd
+    for (size_t cc = 0; cc < kr; cc++) ql[cc] += (double)bf16_to_f32(wr[cc]) * qv;
+}
+MLA_CLONES static void axpy_f32(double *ql, const float *wr, double qv, size_t kr) {
+#pragma omp simd
+    for (size_t cc = 0; cc < kr; cc++) ql[cc] += (double)wr[cc] * qv;
+}
+
+/* p[ps][j] = (sum_cc qT[cc][j] * c_ps[cc] + sum_r qpeT[r][j] * c_ps[kr + r]) * scale, ps < n,
+ * each sum in order */
+MLA_CLONES static void mla_scores(const double *qT, const double *qpeT, const float *cache, size_t row, size_t kr,
+                                  size_t rope, size_t n, double scale, double *p) {
+    for (size_t ps = 0; ps < n; ps++) {
+        const float *cs = cache + ps * row;
+        double dl[MLA_HB], dp[MLA_HB];
+        for (size_t j = 0; j < MLA_HB; j++) dl[j] = dp[j] = 0;
+        for (size_t cc = 0; cc < kr; cc++) {
+            const double cv = cs[cc], *qc = qT + cc * MLA_HB;
+#pragma omp simd
+            for (size_t j = 0; j < MLA_HB; j++) dl[j] += qc[j] * cv;
+        }
+        for (size_t r = 0; r < rope; r++) {
+            const double cv = cs[kr + r], *qc = qpeT + r * MLA_HB;
+#pragma omp simd
+            for (size_t j = 0; j < MLA_HB; j++) dp[j] += qc[j] * cv;
+        }
+        for (size_t j = 0; j < MLA_HB; j++) p[ps * MLA_HB + j] = (dl[j] + dp[j]) * scale;
+    }
+}
+
+/* ctx[j][cc] = sum_ps p[ps][j] * c_ps[cc], ps in order, for j < nb */
+MLA_CLONES static void mla_context(const double *p, const float *cache, size_t row, size_t kr, size_t n, size_t nb,
+                                   double *ctx) {
+    for (size_t j = 0; j < nb * kr; j++) ctx[j] = 0;
+    for (size_t ps = 0; ps < n; ps++) {
+        const float *cs = cache + ps * row;
+        for (size_t j = 0; j < nb; j++) {
+            const double pj = p[ps * MLA_HB + j];
+            double *cj = ctx + j * kr;
+#pragma omp simd
+            for (size_t cc = 0; cc < kr; cc++) cj[cc] += pj * (double)cs[cc];
+        }
+    }
+}
+
 size_t mla_scratch_bytes(const k3_config *c, size_t R, int nthreads, size_t max_ctx) {
     scratch s = {0};
     mla_bufs B;
@@ -113,15 +169,8 @@ int mla_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const mla_
                 for (size_t r = 0; r < nope; r++) {
                     const double qv = qn[r];
                     const size_t wrow = (h0 + j) * kvh + r;
-                    if (kvb.dtype == DTYPE_BF16) {
-                        const uint16_t *wr = (const uint16_t *)kvb.data + wrow * kvb.cols;
-#pragma omp simd
-                        for (size_t cc = 0; cc < kr; cc++) ql[cc] += (double)bf16_to_f32(wr[cc]) * qv;
-                    } else {
-                        const float *wr = (const float *)kvb.data + wrow * kvb.cols;
-#pragma omp simd
-                        for (size_t cc = 0; cc < kr; cc++) ql[cc] += (double)wr[cc] * qv;
-                    }
+                    if (kvb.dtype == DTYPE_BF16) axpy_bf16(ql, (const uint16_t *)kvb.data + wrow * kvb.cols, qv, kr);
+                    else axpy_f32(ql, (const float *)kvb.data + wrow * kvb.cols, qv, kr);
                 }
             }
             for (size_t cc = 0; cc < kr; cc++)
@@ -130,33 +179,9 @@ int mla_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const mla_
                 for (size_t j = 0; j < MLA_HB; j++)
                     qpeT[r * MLA_HB + j] = j < nb ? (double)q[(t * H + h0 + j) * qh + nope + r] : 0.0;
             size_t last = sg[s].pos + i; /* causal: positions 0..last */
-            for (size_t ps = 0; ps <= last; ps++) {
-                const float *cs = cache + ps * row;
-                double dl[MLA_HB], dp[MLA_HB];
-                for (size_t j = 0; j < MLA_HB; j++) dl[j] = dp[j] = 0;
-                for (size_t cc = 0; cc < kr; cc++) {
-                    const double cv = cs[cc], *qc = qT + cc * MLA_HB;
-#pragma omp simd
-                    for (size_t j = 0; j < MLA_HB; j++) dl[j] += qc[j] * cv;
-                }
-                for (size_t r = 0; r < rope; r++) {
-                    const double cv = cs[kr + r], *qc = qpeT + r * MLA_HB;
-#pragma omp simd
-                    for (size_t j = 0; j < MLA_HB; j++) dp[j] += qc[j] * cv;
-                }
-                for (size_t j = 0; j < MLA_HB; j++) p[ps * MLA_HB + j] = (dl[j] + dp[j]) * scale;
-            }
+            mla_scores(qT, qpeT, cache, row, kr, rope, last + 1, scale, p);
             for (size_t j = 0; j < nb; j++) softmax_strided(p + j, last + 1, MLA_HB);
-            for (size_t j = 0; j < nb * kr; j++) ctx[j] = 0;
-            for (size_t ps = 0; ps <= last; ps++) {
-                const float *cs = cache + ps * row;
-                for (size_t j = 0; j < nb; j++) {
-                    const double pj = p[ps * MLA_HB + j];
-                    double *cj = ctx + j * kr;
-#pragma omp simd
-                    for (size_t cc = 0; cc < kr; cc++) cj[cc] += pj * (double)cs[cc];
-                }
-            }
+            mla_context(p, cache, row, kr, last + 1, nb, ctx);
             for (size_t j = 0; j < nb; j++) {
                 const size_t h = h0 + j;
                 for (size_t cc = 0; cc < kr; cc++) ctxf[cc] = (float)ctx[j * kr + cc];

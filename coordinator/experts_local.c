@@ -7,19 +7,24 @@ typedef struct {
     k3_model *m;
     const kernels *k;
     expert_cache *cache;
+    expert_batch_ws ws; /* decode's buffers, kept between MoE layers (no allocation per layer) */
 } local_impl;
 
 static int local_run(expert_backend *b, int layer, const float *zlat, size_t ntok, const int32_t *pair_token,
                      const int32_t *pair_expert, size_t npairs, float *out, k3_error *err) {
     local_impl *li = b->impl;
     expert_source src = expert_cache_source(li->cache);
-    return expert_batch_run(li->k, &src, li->m->experts.L, li->m->experts.I, li->m->cfg.situ_beta,
-                            li->m->cfg.situ_linear_beta, layer, zlat, ntok, pair_token, pair_expert, npairs, out, err);
+    return expert_batch_run_ws(li->k, &src, li->m->experts.L, li->m->experts.I, li->m->cfg.situ_beta,
+                               li->m->cfg.situ_linear_beta, layer, zlat, ntok, pair_token, pair_expert, npairs, out,
+                               &li->ws, err);
 }
 
 static void local_destroy(expert_backend *b) {
     local_impl *li = b->impl;
-    if (li) expert_cache_free(li->cache);
+    if (li) {
+        expert_cache_free(li->cache);
+        expert_batch_ws_free(&li->ws);
+    }
     free(li);
     b->impl = NULL;
 }

@@ -26,4 +26,21 @@ int expert_batch_run(const kernels *k, const expert_source *src, size_t L, size_
                      double situ_linear_beta, int layer, const float *zlat, size_t ntok, const int32_t *pair_token,
                      const int32_t *pair_expert, size_t npairs, float *out, k3_error *err);
 
+/* Working buffers a caller keeps across calls: expert_batch_run_ws takes them from ws,
+ * grown when a call needs more and kept while at most EXPERT_BATCH_WS_KEEP bytes (a
+ * decode step needs under 1 MiB; a long prefill's larger buffers are freed after its
+ * call). Without it every MoE layer of a decode step allocated and freed ~0.85 MB,
+ * which the C library gives back to the kernel and faults in fresh (zeroed) again on
+ * the next layer: ~4 MB of page faults and clearing per token on rw6. Zero-initialise;
+ * expert_batch_ws_free releases it. expert_batch_run is expert_batch_run_ws with none. */
+typedef struct {
+    void *buf;
+    size_t cap;
+} expert_batch_ws;
+#define EXPERT_BATCH_WS_KEEP ((size_t)16 << 20)
+int expert_batch_run_ws(const kernels *k, const expert_source *src, size_t L, size_t I, double situ_beta,
+                        double situ_linear_beta, int layer, const float *zlat, size_t ntok, const int32_t *pair_token,
+                        const int32_t *pair_expert, size_t npairs, float *out, expert_batch_ws *ws, k3_error *err);
+void expert_batch_ws_free(expert_batch_ws *ws);
+
 #endif

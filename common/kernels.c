@@ -260,45 +260,74 @@ void matmul_dense_many(const kernels *k, const dense_weight *W, const float *con
     }
 }
 
+/* Job bi of an MXFP4 matmul: tile bi (K3_GEMM_NR rows x all tokens) when gemm, else row
+ * block bi (K3_ROWBLOCK rows, two tokens at a time where a _x2 kernel exists). */
+static void mxfp4_job(const kernels *k, const rowblock_fns *rb, int gemm, const mxfp4_weight *W, const float *x,
+                      size_t ntok, float *y, size_t bi) {
+    const size_t rows = W->rows, cols = W->cols;
+#ifdef K3_HAVE_X86_KERNELS
+    if (gemm) {
+        const size_t r0 = bi * K3_GEMM_NR, nr = rows - r0 < K3_GEMM_NR ? rows - r0 : K3_GEMM_NR;
+        (rb->gemm == 2 ? k3_gemm_mxfp4_avx512 : k3_gemm_mxfp4_avx2)(W->packed, W->scales, rows, cols, r0, nr, x, ntok, y);
+        return;
+    }
+#else
+    (void)gemm;
+#endif
+    const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;
+    const uint8_t *p = W->packed + r0 * (cols / 2), *s = W->scales + r0 * (cols / 32);
+    size_t t = 0;
+    float o[2 * K3_ROWBLOCK];
+    if (rb->mxfp4_x2 && nr == K3_ROWBLOCK)
+        for (; t + 2 <= ntok; t += 2) {
+            rb->mxfp4_x2(p, s, x + t * cols, cols, o);
+            put_rows(y, rows, r0, nr, t, o);
+            put_rows(y, rows, r0, nr, t + 1, o + K3_ROWBLOCK);
+        }
+    for (; t < ntok; t++) {
+        if (rb->mxfp4 && nr == K3_ROWBLOCK) rb->mxfp4(p, s, x + t * cols, cols, o);
+        else
+            for (size_t j = 0; j < nr; j++) o[j] = k->dot_mxfp4(p + j * (cols / 2), s + j * (cols / 32), x + t * cols, cols);
+        put_rows(y, rows, r0, nr, t, o);
+    }
+}
+
 void matmul_mxfp4(const kernels *k, const mxfp4_weight *W, const float *x, size_t ntok, float *y) {
-    const size_t rows = W->rows, cols = W->cols, nblk = (rows + K3_ROWBLOCK - 1) / K3_ROWBLOCK;
-    if (cols % 32 != 0) { /* refused at load time (config_parse: expert widths % 32) */
-        char what[80];
-        snprintf(what, sizeof what, "matmul_mxfp4: cols %zu is not a multiple of 32", cols);
-        poison(what, y, rows * ntok);
+    matmul_mxfp4_many(k, W, &x, ntok, &y, 1);
+}
+
+void matmul_mxfp4_many(const kernels *k, const mxfp4_weight *W, const float *const *x, size_t ntok, float *const *y,
+                       size_t n) {
+    if (n > K3_MATMUL_MANY_MAX) {
+        matmul_mxfp4_many(k, W, x, ntok, y, K3_MATMUL_MANY_MAX);
+        matmul_mxfp4_many(k, W + K3_MATMUL_MANY_MAX, x + K3_MATMUL_MANY_MAX, ntok, y + K3_MATMUL_MANY_MAX,
+                          n - K3_MATMUL_MANY_MAX);
         return;
     }
     const rowblock_fns rb = rowblock_for(k);
 #ifdef K3_HAVE_X86_KERNELS
-    if (rb.gemm && ntok >= K3_GEMM_MIN_TOK) {
-        const size_t per = rb.gemm == 2 ? K3_GEMM_NR_AVX512 : K3_GEMM_NR, ntile = (rows + per - 1) / per;
-#pragma omp parallel for schedule(runtime)
-        for (size_t ti = 0; ti < ntile; ti++) {
-            const size_t r0 = ti * per, nr = rows - r0 < per ? rows - r0 : per;
-            (rb.gemm == 2 ? k3_gemm_mxfp4_avx512 : k3_gemm_mxfp4_avx2)(W->packed, W->scales, rows, cols, r0, nr, x, ntok, y);
-        }
-        return;
-    }
+    const int gemm = rb.gemm && ntok >= K3_GEMM_MIN_TOK;
+#else
+    const int gemm = 0;
 #endif
+    const size_t per = gemm ? K3_GEMM_NR : K3_ROWBLOCK;
+    size_t first[K3_MATMUL_MANY_MAX + 1];
+    first[0] = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (W[i].cols % 32 != 0) { /* refused at load time (config_parse: expert widths % 32) */
+            char what[80];
+            snprintf(what, sizeof what, "matmul_mxfp4: cols %zu is not a multiple of 32", W[i].cols);
+            poison(what, y[i], W[i].rows * ntok);
+            first[i + 1] = first[i];
+        } else first[i + 1] = first[i] + (W[i].rows + per - 1) / per;
+    }
+    const size_t total = first[n];
+    /* one region for all n matmuls: each job finds its matrix (n is a handful) */
 #pragma omp parallel for schedule(runtime)
-    for (size_t bi = 0; bi < nblk; bi++) {
-        const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;
-        const uint8_t *p = W->packed + r0 * (cols / 2), *s = W->scales + r0 * (cols / 32);
-        size_t t = 0;
-        float o[2 * K3_ROWBLOCK];
-        if (rb.mxfp4_x2 && nr == K3_ROWBLOCK)
-            for (; t + 2 <= ntok; t += 2) {
-                rb.mxfp4_x2(p, s, x + t * cols, cols, o);
-                put_rows(y, rows, r0, nr, t, o);
-                put_rows(y, rows, r0, nr, t + 1, o + K3_ROWBLOCK);
-            }
-        for (; t < ntok; t++) {
-            if (rb.mxfp4 && nr == K3_ROWBLOCK) rb.mxfp4(p, s, x + t * cols, cols, o);
-            else
-                for (size_t j = 0; j < nr; j++)
-                    o[j] = k->dot_mxfp4(p + j * (cols / 2), s + j * (cols / 32), x + t * cols, cols);
-            put_rows(y, rows, r0, nr, t, o);
-        }
+    for (size_t j = 0; j < total; j++) {
+        size_t i = 0;
+        while (j >= first[i + 1]) i++;
+        mxfp4_job(k, &rb, gemm, &W[i], x[i], ntok, y[i], j - first[i]);
     }
 }
 

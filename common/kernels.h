@@ -76,6 +76,9 @@ void matmul_mxfp4(const kernels *k, const mxfp4_weight *W, const float *x, size_
 #define K3_MATMUL_MANY_MAX 8
 void matmul_dense_many(const kernels *k, const dense_weight *W, const float *const *x, size_t ntok, float *const *y,
                        size_t n);
+/* The same for MXFP4 weights (an expert's w1 and w3 on the same input: one region). */
+void matmul_mxfp4_many(const kernels *k, const mxfp4_weight *W, const float *const *x, size_t ntok, float *const *y,
+                       size_t n);
 
 /* 0 if no scale byte of the weight is 255, else -1 and *bad_row set. */
 int mxfp4_check_scales(const mxfp4_weight *W, size_t *bad_row);

@@ -337,6 +337,53 @@ static void test_batches(tstate *ts) {
     }
 }
 
+/* matmul_mxfp4_many (an expert's w1 and w3 in one parallel region: expert_compute.c) ==
+ * one scalar matmul_mxfp4 per weight, for shapes across the row block and the multi-token
+ * tiles, token counts on both sides of the multi-token kernels, more weights than one
+ * region takes. */
+static void test_mxfp4_many(tstate *ts) {
+    enum { NW = 10 };
+    static const size_t shapes[NW][2] = {{5, 64}, {24, 128}, {1, 32}, {50, 320}, {7, 3584},
+                                         {31, 96}, {8, 32}, {97, 224}, {17, 1056}, {48, 160}};
+    uint64_t seed = 12;
+    mxfp4_weight W[NW];
+    uint8_t *pk[NW], *sc[NW];
+    float *xs[NW], *ys[NW], *ref[NW];
+    for (int i = 0; i < NW; i++) {
+        size_t rows = shapes[i][0], cols = shapes[i][1];
+        pk[i] = malloc(rows * cols / 2);
+        sc[i] = malloc(rows * cols / 32);
+        xs[i] = malloc(7 * cols * sizeof(float));
+        ys[i] = malloc(7 * rows * sizeof(float));
+        ref[i] = malloc(7 * rows * sizeof(float));
+        if (!pk[i] || !sc[i] || !xs[i] || !ys[i] || !ref[i]) abort();
+        fill_mxfp4(&seed, pk[i], sc[i], rows, cols);
+        for (size_t e = 0; e < 7 * cols; e++) xs[i][e] = rnd_float(&seed);
+        W[i] = (mxfp4_weight){rows, cols, pk[i], sc[i]};
+    }
+    static const size_t ntoks[] = {1, 2, 3, 4, 7};
+    for (size_t ti = 0; ti < sizeof ntoks / sizeof ntoks[0]; ti++) {
+        size_t nt = ntoks[ti];
+        for (int i = 0; i < NW; i++)
+            for (size_t t = 0; t < nt; t++) matmul_mxfp4(ts->levels[0], &W[i], xs[i] + t * W[i].cols, 1, ref[i] + t * W[i].rows);
+        for (int l = 0; l < ts->nlevels; l++) {
+            matmul_mxfp4_many(ts->levels[l], W, (const float *const *)xs, nt, ys, NW);
+            for (int i = 0; i < NW; i++) {
+                size_t d = first_diff(ys[i], ref[i], nt * W[i].rows);
+                CHECK(d == nt * W[i].rows, "matmul_mxfp4_many %s ntok=%zu weight %d (%zux%zu): row %zu differs",
+                      ts->levels[l]->name, nt, i, W[i].rows, W[i].cols, d % W[i].rows);
+            }
+        }
+    }
+    for (int i = 0; i < NW; i++) {
+        free(pk[i]);
+        free(sc[i]);
+        free(xs[i]);
+        free(ys[i]);
+        free(ref[i]);
+    }
+}
+
 /* matmul_dense_many (several matmuls in one parallel region: kda.c, mlp_moe.c through
  * trunk_matmul_many) == one matmul_dense per weight, for mixed dtypes and shapes, token
  * counts on both sides of the multi-token kernels, more weights than one region takes. */
@@ -644,6 +691,7 @@ int main(void) {
     test_threads(&ts);
     test_batches(&ts);
     test_many(&ts);
+    test_mxfp4_many(&ts);
     test_fma_is_exact();
 
     if (check_failures) {

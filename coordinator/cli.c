@@ -59,6 +59,14 @@ static int set_policy(options *o, const cli_flag *f, const char *arg, k3_error *
     return 0;
 }
 
+static int set_prefetch(options *o, const cli_flag *f, const char *arg, k3_error *err) {
+    if (!strcmp(arg, "off")) o->expert_prefetch = 0;
+    else if (!strcmp(arg, "predict")) o->expert_prefetch = 1;
+    else if (!strcmp(arg, "on")) o->expert_prefetch = 2;
+    else return k3_refuse(err, "--%s wants off|predict|on, got '%s'", f->name, arg);
+    return 0;
+}
+
 static int set_template(options *o, const cli_flag *f, const char *arg, k3_error *err) {
     (void)f;
     return chat_template_parse(arg, &o->tmpl, err);
@@ -187,6 +195,13 @@ static const cli_flag FLAGS[] = {
      "allows; below one expert is refused)"},
     {"expert-cache-policy", "P", CLI_FN, 0, 0, 0, set_policy, "phit",
      "`lru`, `lfu` or `phit` (predicted hit, chosen by trace simulation; see docs/PERFORMANCE.md); never changes the ids"},
+    {"read-threads", "N", CLI_LONG, OFF(read_threads), 0, 256, NULL, "4",
+     "reads in flight: the trunk streamer's and the in-process expert cache's reader threads, each read cut in 4 MiB "
+     "pieces so one large read keeps N preads at the device (an NVMe's queue depth); `0`: one synchronous pread at a time"},
+    {"expert-prefetch", "off|predict|on", CLI_FN, 0, 0, 0, set_prefetch, "off",
+     "after each MoE layer, predict the next MoE layer's experts from its router applied to this layer's input (router "
+     "copies: a plan line); `on`: start their reads (in-process cache, `--read-threads` > 0); `predict`: only score the "
+     "prediction; `--json` `prefetch` gives recall, hinted reads used and wasted, read stall; never changes the ids"},
     {"worker-timeout-ms", "MS", CLI_LONG, OFF(timeout_ms), 100, 86400000L, NULL, "30000",
      "a server that makes no progress, or is not ready, this long is restarted"},
     {"max-restarts", "N", CLI_LONG, OFF(max_restarts), 0, 1000, NULL, "3", "restarts per server before the run fails"},

@@ -31,6 +31,8 @@ typedef struct {
     long workers, workers_per_node, worker_threads, timeout_ms, max_restarts;
     double cache_mb;
     const char *cache_policy;   /* NULL: the cache's default */
+    long read_threads;          /* reads in flight per reader (trunk streamer, in-process expert cache) */
+    int expert_prefetch;        /* ep_mode: 0 off, 1 predict (recall only), 2 on (hints start reads) */
     int numa;
     /* memory */
     double mem_gb;              /* 0: not given */

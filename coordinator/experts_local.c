@@ -19,6 +19,11 @@ static int local_run(expert_backend *b, int layer, const float *zlat, size_t nto
                                &li->ws, err);
 }
 
+static size_t local_hint(expert_backend *b, int layer, const int32_t *experts, size_t n) {
+    local_impl *li = b->impl;
+    return expert_cache_hint(li->cache, layer, experts, n);
+}
+
 static void local_destroy(expert_backend *b) {
     local_impl *li = b->impl;
     if (li) {
@@ -37,7 +42,7 @@ int experts_local_create(expert_backend *b, k3_model *m, const kernels *k, uint6
     li->k = k;
     if (!(li->cache = expert_cache_create(&m->experts, &m->ck, cache_bytes, -1, err))) { free(li); return -1; }
     expert_cache_set_policy(li->cache, policy);
-    *b = (expert_backend){local_run, local_destroy, li};
+    *b = (expert_backend){local_run, local_destroy, li, local_hint, NULL};
     return 0;
 }
 
@@ -47,4 +52,14 @@ uint64_t experts_local_stats(const expert_backend *b, uint64_t *hits, uint64_t *
     *hits = s.hits;
     *misses = s.misses;
     return s.bytes_read;
+}
+
+int experts_local_set_readers(expert_backend *b, int n_threads, k3_error *err) {
+    local_impl *li = b->impl;
+    return expert_cache_set_readers(li->cache, n_threads, err);
+}
+
+expert_cache_stats experts_local_cache_stats(const expert_backend *b) {
+    const local_impl *li = b->impl;
+    return expert_cache_get_stats(li->cache);
 }

@@ -14,5 +14,9 @@ int experts_local_create(expert_backend *b, k3_model *m, const kernels *k, uint6
                          k3_error *err);
 /* Cache counters; returns bytes read. */
 uint64_t experts_local_stats(const expert_backend *b, uint64_t *hits, uint64_t *misses);
+/* Several reads in flight for the cache (expert_cache_set_readers). hint() starts reads of a
+ * prediction (expert_cache_hint). */
+int experts_local_set_readers(expert_backend *b, int n_threads, k3_error *err);
+expert_cache_stats experts_local_cache_stats(const expert_backend *b);
 
 #endif

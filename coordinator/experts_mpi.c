@@ -543,7 +543,7 @@ int experts_mpi_create(expert_backend *b, k3_model *m, const mpi_options *o, k3_
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     mpi_impl *mi = calloc(1, sizeof *mi);
     if (!mi) return k3_fail(err, "out of memory");
-    *b = (expert_backend){mpi_run, mpi_destroy, mi};
+    *b = (expert_backend){mpi_run, mpi_destroy, mi, NULL, NULL};
     mi->n = size - 1;
     mi->L = (size_t)m->cfg.routed_expert_hidden_size;
     mi->K = (size_t)m->cfg.num_experts_per_token;

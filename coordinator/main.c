@@ -18,6 +18,7 @@
 #include "coordinator/sampler.h"
 #include "coordinator/server_http.h"
 #include "coordinator/experts_local.h"
+#include "coordinator/expert_predict.h"
 #include "coordinator/experts_mpi.h"
 #include "coordinator/draft.h"
 #include "coordinator/generate.h"
@@ -342,6 +343,7 @@ typedef struct {
     const numa_place *np;
     uint64_t cache_bytes;        /* per server */
     draft_source *draft;         /* speculation's draft (its model's passes go in --json) */
+    const expert_predict *predict; /* --expert-prefetch (NULL: off) */
 } run_info;
 
 static json_t *memory_json(const run_info *ri, const expert_backend *eb) {
@@ -372,6 +374,36 @@ static json_t *memory_json(const run_info *ri, const expert_backend *eb) {
     json_object_set_new(j, "expert_hits", json_integer((json_int_t)hits));
     json_object_set_new(j, "expert_misses", json_integer((json_int_t)misses));
     json_object_set_new(j, "expert_bytes_read", json_integer((json_int_t)bytes));
+    json_object_set_new(j, "read_threads", json_integer(ts.read_threads));
+    json_object_set_new(j, "trunk_read_wait_s", json_real(ts.wait_s));
+    if (ri->n_workers == 0 && !ri->mpi) {
+        expert_cache_stats cs = experts_local_cache_stats(eb);
+        json_object_set_new(j, "expert_read_wait_s", json_real(cs.read_wait_s));
+    }
+    return j;
+}
+
+/* --expert-prefetch: the prediction's recall and what its reads did. */
+static json_t *prefetch_json(const run_info *ri, const expert_backend *eb) {
+    json_t *j = json_object();
+    ep_stats s = expert_predict_stats(ri->predict);
+    static const char *const modes[] = {"off", "predict", "on"};
+    json_object_set_new(j, "mode", json_string(modes[expert_predict_mode(ri->predict)]));
+    json_object_set_new(j, "layers_scored", json_integer((json_int_t)s.layers));
+    json_object_set_new(j, "actual_experts", json_integer((json_int_t)s.actual));
+    json_object_set_new(j, "predicted_experts", json_integer((json_int_t)s.predicted));
+    json_object_set_new(j, "correct", json_integer((json_int_t)s.correct));
+    json_object_set_new(j, "recall", s.actual ? json_real((double)s.correct / (double)s.actual) : json_null());
+    json_object_set_new(j, "precision", s.predicted ? json_real((double)s.correct / (double)s.predicted) : json_null());
+    json_object_set_new(j, "hinted", json_integer((json_int_t)s.hinted));
+    json_object_set_new(j, "predict_s", json_real(s.predict_s));
+    if (ri->n_workers == 0 && !ri->mpi) {
+        expert_cache_stats cs = experts_local_cache_stats(eb);
+        json_object_set_new(j, "hint_reads", json_integer((json_int_t)cs.hint_reads));
+        json_object_set_new(j, "hint_hits", json_integer((json_int_t)cs.hint_hits));
+        json_object_set_new(j, "hint_wasted", json_integer((json_int_t)cs.hint_wasted));
+        json_object_set_new(j, "expert_read_wait_s", json_real(cs.read_wait_s));
+    }
     return j;
 }
 
@@ -513,6 +545,7 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         json_object_set_new(j, "topology", numa_place_topology_json(ri->topo));
         json_object_set_new(j, "placement", placement_json(ri));
         json_object_set_new(j, "memory", memory_json(ri, ri->eb));
+        json_object_set_new(j, "prefetch", prefetch_json(ri, ri->eb));
         int bad = json_dump_file(j, o->json_path, JSON_INDENT(1) | JSON_COMPACT);
         json_decref(j);
         if (bad) { fprintf(stderr, "k3: cannot write %s: %s\n", o->json_path, strerror(errno)); status = EXIT_RUNTIME; }
@@ -635,7 +668,8 @@ static int make_plan(const options *o, const k3_config *cfg, const k3_model *m, 
      * (auto) the budget does not hold them, then one copy and a re-feed */
     size_t spec_k = (o->draft && strcmp(o->draft, "none")) || o->draft_model ? (size_t)o->draft_max : 0;
     const char *rb = o->draft_rollback ? o->draft_rollback : "auto";
-    plan_spec sp = {spec_k, strcmp(rb, "refeed") != 0, 0, o->serve ? (size_t)o->parallel : 1, o->mpi ? mpi_ranks : 0};
+    plan_spec sp = {spec_k, strcmp(rb, "refeed") != 0, 0, o->serve ? (size_t)o->parallel : 1, o->mpi ? mpi_ranks : 0,
+                    o->expert_prefetch && !o->mpi ? expert_predict_bytes(cfg) : 0};
     if (o->draft_model && draft_model_plan_bytes(o->draft_model, (size_t)o->chunk, ctx + spec_k, &sp.draft_model_bytes, err))
         return -1;
     if (plan_make_spec(plan, cfg, m, budget, n_workers, (size_t)o->chunk, ctx, &sp, err)) {
@@ -919,6 +953,7 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     ri.load_cpu_s = proc_cpu_s() - c0;
     status = EXIT_USAGE;
     expert_backend eb = {0};
+    expert_predict *predictor = NULL;
     engine en = {0};
     state_fingerprint fp;
     seq_state lst = {0};
@@ -989,7 +1024,7 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     }
     plan_print(&plan, &m.cfg, stderr);
     status = EXIT_RUNTIME;
-    trunk_config tc = {plan.n_pinned, plan.n_slots, plan.lm_chunk_rows};
+    trunk_config tc = {plan.n_pinned, plan.n_slots, plan.lm_chunk_rows, (int)o.read_threads};
     t0 = k3_now_s();
     c0 = proc_cpu_s();
     if (!(tr = trunk_create_placed(&m, &tc, numa_place_rows, &np, &err))) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
@@ -1002,6 +1037,15 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
         numa_place_print_coordinator(&np, ts.slot_bytes, ts.n_slots, stderr);
     }
     if (start_backend(&o, &m, k, ri.threads, ri.n_workers, cache_bytes, &pl, &eb, &err)) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
+    if (ri.n_workers == 0 && !o.mpi && experts_local_set_readers(&eb, (int)o.read_threads, &err)) {
+        fprintf(stderr, "k3: %s\n", err.msg);
+        goto done;
+    }
+    if (o.expert_prefetch && !o.mpi) {
+        if (!(predictor = expert_predict_create(&m, (ep_mode)o.expert_prefetch, &err))) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
+        eb.predict = predictor;
+    }
+    ri.predict = predictor;
     ri.eb = &eb;
     ri.plan = &plan;
     ri.trunk = tr;
@@ -1064,6 +1108,7 @@ done:
     seq_state_free(&lst);
     engine_free(&en);
     if (eb.destroy) eb.destroy(&eb);
+    expert_predict_free(predictor);
     trunk_free(tr);
     plan_free(&plan);
     free(prompt);

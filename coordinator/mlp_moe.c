@@ -1,6 +1,7 @@
 /* mlp_moe.c - dense SiTU MLP and the Stable LatentMoE layer (docs/MODEL.md 4.1, 4.4). */
 #include "common/activations.h"
 #include "coordinator/layers.h"
+#include "coordinator/expert_predict.h"
 #include <math.h>
 #include <string.h>
 
@@ -142,6 +143,17 @@ int moe_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const moe_
     /* 4-5: (latent down-projection above), experts, combine in top-k order */
     if (eb->run(eb, layer, B.z, R, B.ptok, B.pexp, R * K, B.y, err)) goto out;
     for (size_t t = 0; t < R; t++) moe_combine(B.wts + t * K, B.y + t * K * L, K, L, B.acc + t * L);
+    if (eb->predict) {
+        /* score the prediction made for this layer; predict the next MoE layer from this input and
+         * start its reads (a hint: the next layer routes from its own input as always). The
+         * router logits, pair tokens and weights are free now: their scratch is reused. */
+        expert_predict_score(eb->predict, layer, B.pexp, R * K);
+        const int32_t *list;
+        size_t n;
+        int nl = expert_predict_next(eb->predict, k, layer, x, R, B.logits, B.ptok, B.wts, &list, &n);
+        if (nl >= 0 && n && eb->hint && expert_predict_mode(eb->predict) == EP_HINT)
+            expert_predict_add_hinted(eb->predict, eb->hint(eb, nl, list, n));
+    }
     /* 6: latent norm on the AGGREGATE, then up-projection */
     if (c->latent_moe_use_norm)
         for (size_t t = 0; t < R; t++) rmsnorm(B.acc + t * L, B.acc + t * L, w->lat_norm, L, c->rms_norm_eps);

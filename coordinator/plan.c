@@ -101,6 +101,7 @@ int plan_make_spec(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t 
         p->draft_model_bytes = sp->draft_model_bytes;
     }
     if (sp && sp->mpi_ranks > 0 && W == 0) p->mpi_ranks = sp->mpi_ranks;
+    if (sp) p->predict_bytes = sp->predict_bytes;
     p->budget = budget;
     p->n_workers = W;
     p->chunk = T;
@@ -148,7 +149,8 @@ int plan_make_spec(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t 
     }
     uint64_t servers = p->mpi_ranks ? 0 : W ? (uint64_t)W : 1; /* expert caches in this plan */
     uint64_t fixed = (1 + (uint64_t)W) * p->process_bytes + p->small_bytes + p->state_bytes + p->scratch_bytes +
-                     p->ring_bytes + p->worker_scratch_bytes + p->spec_bytes + p->draft_model_bytes + p->mpi_bytes;
+                     p->ring_bytes + p->worker_scratch_bytes + p->spec_bytes + p->draft_model_bytes + p->mpi_bytes +
+                     p->predict_bytes;
     p->floor = fixed + PLAN_MIN_SLOTS * p->slot_bytes + servers * p->expert_slot_bytes;
     uint64_t per_server_all = servers ? ((p->n_experts_total + servers - 1) / servers) * p->expert_slot_bytes : 0;
     if (budget == 0) { /* everything resident */
@@ -226,6 +228,9 @@ void plan_print(const mem_plan *p, const k3_config *c, FILE *f) {
     if (p->draft_model_bytes)
         fprintf(f, "  draft model            %12.1f MiB  (weights, state and scratch, everything resident)\n",
                 p->draft_model_bytes / MIB);
+    if (p->predict_bytes)
+        fprintf(f, "  expert predictor       %12.1f MiB  (the next MoE layers' routers, bf16: --expert-prefetch)\n",
+                p->predict_bytes / MIB);
     if (p->n_workers)
         fprintf(f, "  rings + server scratch %12.1f MiB\n", (p->ring_bytes + p->worker_scratch_bytes) / MIB);
     if (p->mpi_ranks)

@@ -2,6 +2,7 @@
 #define _GNU_SOURCE
 #include "coordinator/trunk.h"
 #include "common/direct_read.h"
+#include "common/mono_clock.h"
 #include "common/weight_mem.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -40,6 +41,8 @@ struct trunk {
     uint64_t filled, consumed, released, bytes_streamed;
     int stop, reader_failed;
     k3_error reader_err;
+    double wait_s;            /* compute waiting for the reader */
+    dr_pool *pool;            /* reads in flight (NULL: none started) */
     trunk_place_fn place;     /* NUMA placement of each matrix's rows before it is read (NULL: none) */
     void *place_ctx;
 };
@@ -123,15 +126,39 @@ static int read_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
     int check = !t->checked[i];
     if (i < m->n_units) {
         const trunk_unit *u = &m->units[i];
+        dr_read rd[UNIT_MAX_TENSORS];
+        int sub[UNIT_MAX_TENSORS] = {0};
+        char what[UNIT_MAX_TENSORS][300];
+        /* every matrix of the unit in flight at once (O_DIRECT through the pool), then the checks */
         for (int j = 0; j < u->n; j++) {
             uint64_t n = u->e[j]->t->end - u->e[j]->t->begin;
             if (t->place && u->w[j]->rows) /* where the data will start: the O_DIRECT window keeps the offset in a page */
                 t->place(t->place_ctx, ub->buf + at + (t->direct_ok ? u->e[j]->t->begin % IO_ALIGN : 0), u->w[j]->rows,
                             (size_t)(n / u->w[j]->rows), i >= t->n_pinned);
-            if (read_region(t, u->e[j], 0, n, ub->buf + at, &ub->data[j], err)) return -1;
-            if (check && check_finite(t, u->e[j], ub->data[j], n / st_dtype_size(u->e[j]->t->dtype), 0, err)) return -1;
+            int dfd = t->direct_ok ? t->direct_fd[u->e[j]->shard] : -1;
+            if (t->pool && dfd >= 0) {
+                snprintf(what[j], sizeof what[j], "tensor '%s'", u->e[j]->name);
+                rd[j] = (dr_read){.path = m->ck.shards[u->e[j]->shard].file.path, .dfd = dfd, .bfd = -1,
+                                  .off = u->e[j]->t->begin, .len = n, .buf = ub->buf + at, .what = what[j]};
+                dr_submit(t->pool, &rd[j], 0);
+                sub[j] = 1;
+            }
             at += region_bytes(n);
         }
+        int rc = 0;
+        at = 0;
+        for (int j = 0; j < u->n; j++) {
+            uint64_t n = u->e[j]->t->end - u->e[j]->t->begin;
+            if (sub[j]) {
+                if (dr_wait(t->pool, &rd[j]) == 0) ub->data[j] = rd[j].data;
+                else if (!rd[j].direct_refused) { if (!rc) *err = rd[j].err; rc = -1; }
+                else sub[j] = 0; /* the alignment was refused: buffered below */
+            }
+            if (!rc && !sub[j] && read_region(t, u->e[j], 0, n, ub->buf + at, &ub->data[j], err)) rc = -1;
+            if (!rc && check && check_finite(t, u->e[j], ub->data[j], n / st_dtype_size(u->e[j]->t->dtype), 0, err)) rc = -1;
+            at += region_bytes(n);
+        }
+        if (rc) return -1;
         t->checked[i] = 1;
         return 0;
     }
@@ -140,7 +167,19 @@ static int read_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
     if (t->place)
         t->place(t->place_ctx, ub->buf + (t->direct_ok ? (m->lm_head_entry->t->begin + r0 * row_bytes) % IO_ALIGN : 0), rows,
                  row_bytes, i >= t->n_pinned);
-    if (read_region(t, m->lm_head_entry, (uint64_t)r0 * row_bytes, (uint64_t)rows * row_bytes, ub->buf, &ub->data[0], err)) return -1;
+    int dfd = t->direct_ok ? t->direct_fd[m->lm_head_entry->shard] : -1, done = 0;
+    if (t->pool && dfd >= 0) {
+        char what[300];
+        snprintf(what, sizeof what, "tensor '%s'", m->lm_head_entry->name);
+        dr_read rd = {.path = m->ck.shards[m->lm_head_entry->shard].file.path, .dfd = dfd, .bfd = -1,
+                      .off = m->lm_head_entry->t->begin + (uint64_t)r0 * row_bytes, .len = (uint64_t)rows * row_bytes,
+                      .buf = ub->buf, .what = what};
+        dr_submit(t->pool, &rd, 0);
+        if (dr_wait(t->pool, &rd) == 0) { ub->data[0] = rd.data; done = 1; }
+        else if (!rd.direct_refused) { *err = rd.err; return -1; }
+    }
+    if (!done && read_region(t, m->lm_head_entry, (uint64_t)r0 * row_bytes, (uint64_t)rows * row_bytes, ub->buf, &ub->data[0], err))
+        return -1;
     size_t E = (size_t)m->cfg.hidden_size;
     if (check && check_finite(t, m->lm_head_entry, ub->data[0], rows * E, r0 * E, err)) return -1;
     t->checked[i] = 1;
@@ -237,6 +276,10 @@ trunk *trunk_create_placed(k3_model *m, const trunk_config *tc, trunk_place_fn p
             fprintf(stderr, "k3: O_DIRECT refused for %s; trunk reads are buffered\n", m->ck.shards[s].file.path);
         }
     }
+    if (tc->read_threads > 0 && t->direct_ok && !(t->pool = dr_pool_create(tc->read_threads, DR_PIECE_DEFAULT, err))) {
+        trunk_free(t);
+        return NULL;
+    }
     int tty = isatty(2);
     for (int i = 0; i < t->n_pinned; i++) {
         uint64_t n = walk_buffer_bytes(m, t->lm_rows, i);
@@ -288,6 +331,7 @@ trunk *trunk_create_placed(k3_model *m, const trunk_config *tc, trunk_place_fn p
 void trunk_free(trunk *t) {
     if (!t) return;
     reader_stop(t);
+    dr_pool_free(t->pool);
     for (int i = 0; t->pinned && i < t->n_pinned; i++) weight_mem_free(t->pinned[i].buf);
     free(t->checked);
     for (int s = 0; t->slots && s < t->n_slots; s++) weight_mem_free(t->slots[s].buf);
@@ -321,7 +365,11 @@ static const unit_buffer *acquire_walk(trunk *t, int i, k3_error *err) {
         return NULL;
     }
     pthread_mutex_lock(&t->mu);
-    while (t->filled <= k && !t->reader_failed) pthread_cond_wait(&t->cv, &t->mu);
+    if (t->filled <= k && !t->reader_failed) {
+        double t0 = k3_now_s();
+        while (t->filled <= k && !t->reader_failed) pthread_cond_wait(&t->cv, &t->mu);
+        t->wait_s += k3_now_s() - t0;
+    }
     int failed = t->filled <= k;
     pthread_mutex_unlock(&t->mu);
     if (failed) { k3_fail(err, "%s", t->reader_err.msg); return NULL; }
@@ -457,6 +505,8 @@ trunk_stats trunk_get_stats(trunk *t) {
     pthread_mutex_lock(&t->mu);
     s.bytes_streamed = t->bytes_streamed;
     s.units_streamed = t->filled;
+    s.wait_s = t->wait_s;
     pthread_mutex_unlock(&t->mu);
+    s.read_threads = dr_pool_threads(t->pool);
     return s;
 }

@@ -23,6 +23,7 @@ typedef struct {
     int n_pinned_units;      /* prefix of the walk order held resident (units, then lm chunks) */
     int n_slots;             /* streaming slots (>= 2 unless everything is pinned) */
     size_t lm_chunk_rows;    /* rows of the lm head per chunk */
+    int read_threads;        /* reads in flight (common/direct_read dr_pool: each read cut in pieces); 0: one pread at a time */
 } trunk_config;
 
 /* NUMA (coordinator/numa_place.h): called before a matrix of `rows` rows is read
@@ -80,7 +81,8 @@ int trunk_embed_row(trunk *t, int32_t token, float *out, k3_error *err);
 
 typedef struct {
     uint64_t pinned_bytes, slot_bytes, bytes_streamed, units_streamed;
-    int n_slots, n_pinned, n_walk, direct_io;
+    int n_slots, n_pinned, n_walk, direct_io, read_threads;
+    double wait_s;           /* the compute's waits for the reader (a streamed unit not read yet) */
 } trunk_stats;
 trunk_stats trunk_get_stats(trunk *t);
 

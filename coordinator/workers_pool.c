@@ -409,7 +409,7 @@ int workers_pool_create(expert_backend *b, const k3_config *cfg, const char *mod
     p->req_cap = (uint64_t)o->max_tokens * p->L * sizeof(float);
     p->resp_cap = (uint64_t)p->max_pairs * p->L * sizeof(float);
     p->w = calloc((size_t)p->n, sizeof *p->w);
-    *b = (expert_backend){pool_run, pool_destroy, p};
+    *b = (expert_backend){pool_run, pool_destroy, p, NULL, NULL};
     if (!p->w) { pool_destroy(b); return k3_fail(err, "out of memory"); }
     struct sigaction sa = {0};
     sa.sa_handler = on_fatal_signal;

@@ -4,6 +4,7 @@
 #include "workers/expert_cache.h"
 #include "common/layer_schema.h"
 #include "common/direct_read.h"
+#include "common/mono_clock.h"
 #include "common/weight_mem.h"
 #include <errno.h>
 #include <fcntl.h>
@@ -41,6 +42,10 @@ typedef struct {
 typedef struct {
     int state, pins, layer, expert;
     int checked;          /* its scales were checked (once per read: the bytes do not change after) */
+    int async;            /* READING through the pool: rd is in flight */
+    int hint;             /* read for a hint, not used since */
+    int evict_first;      /* a hint its layer's request did not ask for: the first to go */
+    dr_read rd;
     uint64_t last_use;
     uint8_t *buf;
     const uint8_t *data;  /* start of the expert's bytes inside buf */
@@ -67,6 +72,12 @@ struct expert_cache {
     int cur_layer;
     uint64_t lfu_since;
     double phit_use[PHIT_AGES][PHIT_RATES], phit_opp[PHIT_AGES][PHIT_RATES], phit_nopp;
+    /* several reads in flight (expert_cache_set_readers) */
+    dr_pool *pool;
+    int32_t *req;         /* [n_experts]: the current request's experts in acquire order */
+    size_t req_n, req_next; /* req[req_next..] not started yet */
+    size_t req_acq;         /* req[..req_acq) acquired (expert_batch_run acquires in the list's order) */
+    int req_layer;
 };
 
 uint64_t expert_cache_slot_bytes(const expert_store *st) {
@@ -111,6 +122,8 @@ expert_cache *expert_cache_create(const expert_store *st, checkpoint *ck, uint64
 
 void expert_cache_free(expert_cache *c) {
     if (!c) return;
+    dr_pool_free(c->pool); /* waits for the reads in flight into the arena */
+    free(c->req);
     if (c->direct_fd)
         for (int s = 0; s < c->ck->n_shards; s++)
             if (c->direct_fd[s] >= 0) close(c->direct_fd[s]);
@@ -308,18 +321,40 @@ static cache_slot *find(expert_cache *c, int layer, int expert) {
     return NULL;
 }
 
-/* An EMPTY slot, else the policy's choice among READY unpinned slots; NULL if none. */
-static cache_slot *victim(expert_cache *c) {
+/* READY, or READING through the pool (only with readers). */
+static cache_slot *find_any(expert_cache *c, int layer, int expert) {
+    for (size_t i = 0; i < c->n_slots; i++) {
+        cache_slot *s = &c->slots[i];
+        if (s->state != SLOT_EMPTY && s->layer == layer && s->expert == expert) return s;
+    }
+    return NULL;
+}
+
+/* An EMPTY slot, else among READY unpinned slots: a hint its request did not ask for, then the
+ * policy's choice among the rest, then (not for_hint) a pending hint of another layer; NULL if none.
+ * Without hints every slot is of the middle class: the policy alone decides, as before. */
+static cache_slot *victim_for(expert_cache *c, int for_hint) {
     cache_slot *best = NULL;
     evict_key bk = {0};
+    int bc = 0;
     for (size_t i = 0; i < c->n_slots; i++) {
         cache_slot *s = &c->slots[i];
         if (s->state == SLOT_EMPTY) return s;
         if (s->state != SLOT_READY || s->pins != 0) continue;
+        int cls = s->evict_first ? 0 : s->hint ? 2 : 1;
+        if (for_hint && cls == 2) continue;
         evict_key k = evict_key_of(c, s);
-        if (!best || evict_before(k, bk)) { best = s; bk = k; }
+        if (!best || cls < bc || (cls == bc && evict_before(k, bk))) { best = s; bk = k; bc = cls; }
     }
     return best;
+}
+
+static cache_slot *victim(expert_cache *c) { return victim_for(c, 0); }
+
+/* The slot s is taken for (layer, expert): a hint never used counts as wasted. */
+static void take(expert_cache *c, cache_slot *s, int layer, int expert, int pins) {
+    if (s->state == SLOT_READY && s->hint) c->stats.hint_wasted++;
+    *s = (cache_slot){.state = SLOT_READING, .pins = pins, .layer = layer, .expert = expert, .buf = s->buf};
 }
 
 static void open_direct_fds(expert_cache *c, const expert_loc *loc) {
@@ -330,6 +365,156 @@ static void open_direct_fds(expert_cache *c, const expert_loc *loc) {
             c->warned = 1;
         }
     }
+}
+
+/* ---- several reads in flight ---- */
+
+int expert_cache_set_readers(expert_cache *c, int n, k3_error *err) {
+    if (n <= 0 || c->pool) return 0;
+    if (!(c->req = malloc(((size_t)c->n_experts + 1) * sizeof *c->req))) return k3_fail(err, "out of memory");
+    if (!(c->pool = dr_pool_create(n, DR_PIECE_DEFAULT, err))) return -1;
+    return 0;
+}
+
+int expert_cache_readers(const expert_cache *c) { return dr_pool_threads(c->pool); }
+
+/* Starts reading the expert of slot s (READING, layer/expert set): through the pool when the
+ * run is one O_DIRECT range, else here and now. 0, or -1 with err (slot EMPTY). */
+static int start_read(expert_cache *c, cache_slot *s, const expert_loc *loc, int urgent, k3_error *err) {
+    open_direct_fds(c, loc);
+    if (c->pool && c->direct_ok && loc->contiguous) {
+        int shard = loc->t[0]->shard;
+        s->rd = (dr_read){.path = c->ck->shards[shard].file.path, .dfd = c->direct_fd[shard], .bfd = -1,
+                          .off = loc->run_begin, .len = loc->run_end - loc->run_begin, .buf = s->buf};
+        dr_submit(c->pool, &s->rd, urgent);
+        s->async = 1;
+        return 0;
+    }
+    double t0 = k3_now_s();
+    int rc = read_expert(c, s, loc, c->direct_ok, err);
+    c->stats.read_wait_s += k3_now_s() - t0;
+    if (rc) { s->state = SLOT_EMPTY; s->pins = 0; return -1; }
+    s->state = SLOT_READY;
+    return 0;
+}
+
+/* Waits for slot s's read (if any) to end. 0: READY; -1 with err: the slot is EMPTY. */
+static int finish_read(expert_cache *c, cache_slot *s, k3_error *err) {
+    if (s->state != SLOT_READING || !s->async) return 0;
+    double t0 = k3_now_s();
+    int rc = dr_wait(c->pool, &s->rd);
+    c->stats.read_wait_s += k3_now_s() - t0;
+    s->async = 0;
+    if (rc == 0) { s->data = s->rd.data; s->state = SLOT_READY; return 0; }
+    if (s->rd.direct_refused) { /* the kernel refused the alignment: buffered from now on */
+        const expert_loc *loc = expert_store_loc(c->st, s->layer, s->expert);
+        c->direct_ok = 0;
+        t0 = k3_now_s();
+        rc = loc ? read_expert(c, s, loc, 0, err) : k3_fail(err, "internal: slot of an unknown expert");
+        c->stats.read_wait_s += k3_now_s() - t0;
+        if (rc == 0) { s->state = SLOT_READY; return 0; }
+    } else k3_fail(err, "%s", s->rd.err.msg);
+    s->state = SLOT_EMPTY;
+    s->pins = 0;
+    s->hint = s->evict_first = 0;
+    return -1;
+}
+
+/* Demand victim with readers: as victim(), else waits for a hint in flight and takes its slot. */
+static cache_slot *victim_wait(expert_cache *c) {
+    cache_slot *s = victim(c);
+    for (size_t i = 0; !s && i < c->n_slots; i++) {
+        cache_slot *t = &c->slots[i];
+        if (t->state == SLOT_READING && t->pins == 0) {
+            k3_error ignored = {0};
+            finish_read(c, t, &ignored); /* a failed hint: the slot is EMPTY, which is fine here */
+            s = t;
+        }
+    }
+    return s;
+}
+
+/* Starts the request's next experts while slots allow (each pinned for its acquire). */
+static void pump(expert_cache *c) {
+    while (c->req_next < c->req_n) {
+        int e = c->req[c->req_next];
+        cache_slot *s = find_any(c, c->req_layer, e);
+        if (s) {
+            if (s->pins == 0) { s->pins++; c->stats.hits++; if (s->hint) { s->hint = s->evict_first = 0; c->stats.hint_hits++; } }
+            c->req_next++;
+            continue;
+        }
+        const expert_loc *loc = expert_store_loc(c->st, c->req_layer, e);
+        if (!loc || !(s = victim(c))) return;
+        take(c, s, c->req_layer, e, 1);
+        k3_error ignored = {0};
+        if (start_read(c, s, loc, 1, &ignored)) return; /* its acquire reads it again and reports */
+        c->stats.misses++;
+        c->stats.bytes_read += c->st->expert_bytes;
+        c->req_next++;
+    }
+}
+
+/* The request's start with readers: pins what is resident or being read, submits the misses
+ * (as many as slots allow, the rest as slots are released), returns without waiting. */
+static int prefetch_async(expert_cache *c, int layer, const int32_t *experts, size_t n, k3_error *err) {
+    for (size_t i = 0; i < n; i++)
+        if (!expert_store_loc(c->st, layer, experts[i]))
+            return k3_fail(err, "expert %d of layer %d is not owned by this worker", experts[i], layer);
+    /* hints of this layer that the request does not ask for go first */
+    for (size_t i = 0; i < n; i++) c->in_request[experts[i]] = 1;
+    for (size_t i = 0; i < c->n_slots; i++) {
+        cache_slot *s = &c->slots[i];
+        if (s->state != SLOT_EMPTY && s->hint && s->layer == layer && !c->in_request[s->expert]) s->evict_first = 1;
+    }
+    for (size_t i = 0; i < n; i++) c->in_request[experts[i]] = 0;
+    c->req_layer = layer;
+    c->req_n = n;
+    c->req_next = c->req_acq = 0;
+    memcpy(c->req, experts, n * sizeof *experts);
+    /* pass 1: pin the resident (or arriving) experts of the first n_slots - 1 */
+    size_t w = n < c->n_slots - 1 ? n : c->n_slots - 1;
+    for (size_t i = 0; i < w; i++) {
+        cache_slot *s = find_any(c, layer, experts[i]);
+        if (!s) continue;
+        s->pins++;
+        c->stats.hits++;
+        if (s->hint) { s->hint = s->evict_first = 0; c->stats.hint_hits++; }
+    }
+    /* pass 2: the misses among them, in file-offset order is the pool's business: in acquire order */
+    size_t i = 0;
+    for (; i < w; i++) {
+        if (find_any(c, layer, experts[i])) continue;
+        cache_slot *s = victim(c);
+        if (!s) break;
+        take(c, s, layer, experts[i], 1);
+        if (start_read(c, s, expert_store_loc(c->st, layer, experts[i]), 1, err)) return -1;
+        c->stats.misses++;
+        c->stats.bytes_read += c->st->expert_bytes;
+    }
+    c->req_next = i; /* the rest start as slots are released (pump) */
+    return 0;
+}
+
+size_t expert_cache_hint(expert_cache *c, int layer, const int32_t *experts, size_t n) {
+    if (!c->pool || c->n_slots < 2) return 0;
+    size_t pending = 0, started = 0;
+    for (size_t i = 0; i < c->n_slots; i++) pending += c->slots[i].hint && !c->slots[i].evict_first;
+    for (size_t i = 0; i < n && pending < c->n_slots - 1; i++) {
+        const expert_loc *loc = expert_store_loc(c->st, layer, experts[i]);
+        if (!loc || !loc->contiguous || !c->direct_ok || find_any(c, layer, experts[i])) continue;
+        cache_slot *s = victim_for(c, 1);
+        if (!s) break;
+        take(c, s, layer, experts[i], 0);
+        s->hint = 1;
+        k3_error ignored = {0};
+        if (start_read(c, s, loc, 0, &ignored)) continue;
+        c->stats.hint_reads++;
+        c->stats.bytes_read += c->st->expert_bytes;
+        pending++;
+        started++;
+    }
+    return started;
 }
 
 typedef struct { cache_slot *slot; const expert_loc *loc; } miss;
@@ -344,6 +529,7 @@ static int cache_prefetch(void *ctx, int layer, const int32_t *experts, size_t n
     expert_cache *c = ctx;
     policy_begin(c, layer, experts, n);
     if (c->n_slots < 2) return 0; /* one slot: everything is read on demand */
+    if (c->pool) return prefetch_async(c, layer, experts, n, err);
     size_t w = n < c->n_slots - 1 ? n : c->n_slots - 1, nm = 0, nh = 0;
     miss *ms = malloc((w ? w : 1) * sizeof *ms);
     cache_slot **hit = malloc((w ? w : 1) * sizeof *hit);
@@ -410,12 +596,21 @@ static int cache_acquire(void *ctx, int layer, int expert, expert_weights *w, k3
     const expert_loc *loc = expert_store_loc(c->st, layer, expert);
     if (!loc) return k3_fail(err, "expert %d of layer %d is not owned by this worker", expert, layer);
     if (layer != c->cur_layer) policy_begin(c, layer, NULL, 0); /* used without prefetch */
-    cache_slot *s = find(c, layer, expert);
+    cache_slot *s = c->pool ? find_any(c, layer, expert) : find(c, layer, expert);
+    if (s && s->state == SLOT_READING && finish_read(c, s, err)) return -1;
     if (s && s->pins > 0) {
         /* prefetched: its pin passes to this use (counted by the prefetch) */
     } else if (s) {
+        if (s->hint) { s->hint = s->evict_first = 0; c->stats.hint_hits++; }
         s->pins++;
         c->stats.hits++;
+    } else if (c->pool) {
+        s = victim_wait(c);
+        if (!s) return k3_fail(err, "expert cache: every slot is in use");
+        take(c, s, layer, expert, 1);
+        if (start_read(c, s, loc, 1, err) || finish_read(c, s, err)) return -1;
+        c->stats.misses++;
+        c->stats.bytes_read += c->st->expert_bytes;
     } else {
         s = victim(c);
         if (!s) return k3_fail(err, "expert cache: every slot is in use");
@@ -425,6 +620,10 @@ static int cache_acquire(void *ctx, int layer, int expert, expert_weights *w, k3
         s->state = SLOT_READY;
         c->stats.misses++;
         c->stats.bytes_read += c->st->expert_bytes;
+    }
+    if (c->pool && layer == c->req_layer && c->req_acq < c->req_n && c->req[c->req_acq] == expert) {
+        c->req_acq++; /* acquired in the list's order: pump never looks back at it */
+        if (c->req_next < c->req_acq) c->req_next = c->req_acq;
     }
     policy_use(c, s);
     slot_weights(c, s, loc, w);
@@ -438,6 +637,7 @@ static void cache_release(void *ctx, int layer, int expert) {
     expert_cache *c = ctx;
     cache_slot *s = find(c, layer, expert);
     if (s && s->pins > 0) s->pins--;
+    if (c->pool && layer == c->req_layer) pump(c); /* the slot may take the request's next miss */
 }
 
 expert_source expert_cache_source(expert_cache *c) {

@@ -47,6 +47,10 @@ typedef enum { CACHE_POLICY_LRU, CACHE_POLICY_LFU, CACHE_POLICY_PHIT, CACHE_POLI
 
 typedef struct {
     uint64_t hits, misses, bytes_read;
+    uint64_t hint_reads;  /* reads started by expert_cache_hint (in bytes_read too) */
+    uint64_t hint_hits;   /* lookups that found an expert a hint had read (in hits too) */
+    uint64_t hint_wasted; /* hinted experts their layer's next request did not ask for */
+    double read_wait_s;   /* time the requests waited for reads (the stall that reading costs compute) */
 } expert_cache_stats;
 
 /* node < 0: plain allocation. Fails (naming the minimum) if the budget is below one slot. */
@@ -58,6 +62,25 @@ int expert_cache_direct_io(const expert_cache *c);
 expert_cache_stats expert_cache_get_stats(const expert_cache *c);
 /* The expert_source that expert_batch_run uses (acquire/release/prefetch). */
 expert_source expert_cache_source(expert_cache *c);
+
+/* Several reads in flight (common/direct_read dr_pool of n_threads, pieces of 4 MiB): with
+ * it a request's misses are submitted at once (demand reads ahead of hinted ones) and each
+ * acquire waits only for its own expert, so computing one expert overlaps reading the next;
+ * misses beyond the slots a request can pin start as soon as a slot is released. Without it
+ * (n_threads 0, the default) misses are read as before (an OpenMP loop, then on demand).
+ * Only with O_DIRECT; call once, before the first request. 0 or -1 with err. */
+int expert_cache_set_readers(expert_cache *c, int n_threads, k3_error *err);
+int expert_cache_readers(const expert_cache *c);
+
+/* A prediction (coordinator/expert_predict.c): the experts of `layer` likely asked for next,
+ * most likely first. Starts reads (behind every demand read) of those neither resident nor
+ * being read, into EMPTY slots or slots the policy would evict, never a pinned slot nor
+ * one another pending hint holds; at most n_slots - 1 pending hints. Changes no result:
+ * a hinted expert is only bytes in a slot; a request finds it (a hit, hint_hits) or evicts
+ * it first (hint_wasted); a failed hint read leaves the slot EMPTY (the request that needs
+ * the expert reads it again and reports the error). Without readers it does nothing.
+ * Returns the reads started. */
+size_t expert_cache_hint(expert_cache *c, int layer, const int32_t *experts, size_t n);
 
 /* "lru", "lfu", "phit" (case-sensitive) -> 0, or -1 for anything else (out untouched). */
 int cache_policy_parse(const char *name, cache_policy *out);

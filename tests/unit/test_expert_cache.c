@@ -9,7 +9,9 @@
  *   - hand-made request sequences where the policies differ: the hit counts equal
  *     scripts/sim_expert_cache.py's (numbers in test_sequences);
  *   - expert bytes and expert_batch_run outputs identical for every policy and
- *     cache size (the policy changes only speed).
+ *     cache size (the policy changes only speed), with and without readers (several
+ *     reads in flight) and hints (half of them wrong); hint accounting; readers do
+ *     not change the hit count.
  * Exits non-zero and prints every failure.
  *
  * Replay mode (used by tests/t_45_cache_policy.sh to check the C policies against
@@ -451,10 +453,18 @@ static void test_identical(model *m) {
         }
     }
     static const size_t sizes[] = {1, 2, 3, 5, 9, 400};
+    /* readers: 0 = reads as before; 1, 4 = the pool (several reads in flight, pipelined misses);
+     * hints (with readers): after each request, the next request's experts, half of them wrong */
+    static const int variants[][2] = {{0, 0}, {1, 0}, {4, 0}, {1, 1}, {4, 1}};
+    uint64_t hint_hits_seen = 0;
     for (int p = 0; p < CACHE_POLICY_COUNT; p++)
-        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++)
+            for (size_t vi = 0; vi < sizeof variants / sizeof variants[0]; vi++) {
+            int readers = variants[vi][0], hints = variants[vi][1];
             expert_cache *c = cache_of(m, sizes[si], (cache_policy)p, &err);
             if (!c) { CHECK(0, "%s", err.msg); goto done; }
+            if (expert_cache_set_readers(c, readers, &err)) { CHECK(0, "readers: %s", err.msg); expert_cache_free(c); goto done; }
+            CHECK(expert_cache_readers(c) == readers || !expert_cache_direct_io(c), "readers %d", expert_cache_readers(c));
             expert_source src = expert_cache_source(c);
             int same = 1, rc = 0;
             for (int q = 0; q < NREQ && !rc; q++) {
@@ -462,14 +472,43 @@ static void test_identical(model *m) {
                 rc = expert_batch_run(k, &src, L, I, m->cfg.situ_beta, m->cfg.situ_linear_beta, players[q], z, NTOK, ptok, pexp,
                                       NTOK * K, out, &err);
                 same &= !memcmp(out, ref + (size_t)q * NTOK * K * L, NTOK * K * L * sizeof *out);
+                if (hints && q + 1 < NREQ) {
+                    int32_t h[NTOK * K];
+                    for (int i = 0; i < NTOK * K; i++) h[i] = i % 2 ? all_exp[q + 1][i] : (all_exp[q + 1][i] + 7) % m->cfg.num_experts;
+                    expert_cache_hint(c, players[q + 1], h, NTOK * K); /* repeats among them are skipped */
+                }
             }
             expert_cache_stats s = expert_cache_get_stats(c);
-            CHECK(rc == 0 && same, "policy %s, %zu slots: outputs differ from the mapped experts (rc %d: %s)",
-                  cache_policy_name((cache_policy)p), sizes[si], rc, err.msg);
-            CHECK(s.bytes_read == s.misses * m->st.expert_bytes && s.hits + s.misses > 0, "policy %s, %zu slots: bytes_read",
-                  cache_policy_name((cache_policy)p), sizes[si]);
+            CHECK(rc == 0 && same, "policy %s, %zu slots, %d readers, hints %d: outputs differ from the mapped experts (rc %d: %s)",
+                  cache_policy_name((cache_policy)p), sizes[si], readers, hints, rc, err.msg);
+            CHECK(s.bytes_read == (s.misses + s.hint_reads) * m->st.expert_bytes && s.hits + s.misses > 0,
+                  "policy %s, %zu slots: bytes_read", cache_policy_name((cache_policy)p), sizes[si]);
+            CHECK(s.hint_hits <= s.hint_reads && s.hint_hits <= s.hits && s.hint_hits + s.hint_wasted <= s.hint_reads,
+                  "hint accounting: reads %llu hits %llu wasted %llu", (unsigned long long)s.hint_reads,
+                  (unsigned long long)s.hint_hits, (unsigned long long)s.hint_wasted);
+            CHECK(hints || s.hint_reads == 0, "a hint read without hints");
+            CHECK(readers || s.hint_reads == 0, "hints without readers must do nothing");
+            if (!readers && !hints && p == CACHE_POLICY_PHIT) { /* the pool changes no count: same hits as without it */
+                expert_cache *c2 = cache_of(m, sizes[si], (cache_policy)p, &err);
+                if (c2 && !expert_cache_set_readers(c2, 4, &err)) {
+                    expert_source s2 = expert_cache_source(c2);
+                    for (int q = 0; q < NREQ; q++) {
+                        for (int i = 0; i < NTOK * K; i++) { ptok[i] = i / K; pexp[i] = all_exp[q][i]; }
+                        expert_batch_run(k, &s2, L, I, m->cfg.situ_beta, m->cfg.situ_linear_beta, players[q], z, NTOK, ptok, pexp,
+                                         NTOK * K, out, &err);
+                    }
+                    expert_cache_stats t = expert_cache_get_stats(c2);
+                    CHECK(sizes[si] < 2 || (t.hits == s.hits && t.misses == s.misses),
+                          "%zu slots: readers changed the hit count (%llu/%llu vs %llu/%llu)", sizes[si],
+                          (unsigned long long)t.hits, (unsigned long long)t.misses, (unsigned long long)s.hits,
+                          (unsigned long long)s.misses);
+                }
+                expert_cache_free(c2);
+            }
+            hint_hits_seen += s.hint_hits;
             expert_cache_free(c);
         }
+    CHECK(hint_hits_seen > 0, "no hint was ever used");
 done:
     free(z); free(ref); free(out);
 }

@@ -49,14 +49,16 @@ int main(void) {
     size_t V = (size_t)m.cfg.vocab_size, rows = (size_t)m.cfg.vocab_size / 3 + 1;
     int walk = trunk_walk_units(&m, rows);
 
-    trunk_config one = {0, 1, rows};
+    trunk_config one = {0, 1, rows, 0};
     trunk *t = trunk_create(&m, &one, &err);
     CHECK(t == NULL && strstr(err.msg, "at least 2 slots"), "a single streaming slot must be refused (got '%s')", err.msg);
     trunk_free(t);
 
-    float *ref = run(&m, k, (trunk_config){walk, 0, rows}, 64);
+    float *ref = run(&m, k, (trunk_config){walk, 0, rows, 0}, 64);
     CHECK(ref != NULL, "all-pinned run failed");
-    const trunk_config variants[] = {{0, 2, rows}, {0, 3, rows}, {1, 2, rows}, {walk / 2, 2, rows}, {walk - 1, 2, rows}};
+    /* the last field: reads in flight (the dr_pool's threads; 0: one pread at a time) */
+    const trunk_config variants[] = {{0, 2, rows, 0}, {0, 3, rows, 3}, {1, 2, rows, 0},    {walk / 2, 2, rows, 4},
+                                     {walk - 1, 2, rows, 1}, {0, 2, rows, 2}, {walk, 0, rows, 2}};
     for (size_t i = 0; ref && i < sizeof variants / sizeof variants[0]; i++)
         for (size_t chunk = 1; chunk <= 64; chunk *= 8) {
             float *got = run(&m, k, variants[i], chunk);
@@ -66,7 +68,7 @@ int main(void) {
         }
 
     /* the walk order is enforced: asking for the second unit first is an error, not a wrong weight */
-    trunk_config two = {0, 2, rows};
+    trunk_config two = {0, 2, rows, 0};
     t = trunk_create(&m, &two, &err);
     CHECK(t != NULL, "2-slot trunk: %s", err.msg);
     if (t) {

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Streaming (issue 13 item 4): router-score prefetch of the next MoE layer's experts and
+# several reads in flight never change a bit. On both committed models: ids and teacher-forced
+# logits identical to the resident reference with --expert-prefetch off/predict/on, at
+# --read-threads 0, 1 and 4, at the floor, a partly pinned trunk and a tiny expert cache
+# (hints evicted and wasted), in-process and with 2 expert servers (whose caches get no hints:
+# only the prediction is scored there); measured peak RSS within the budget (the router copies
+# are a plan line); --json `prefetch`: the prediction scored on every MoE layer after the
+# first, recall within [0, 1], hinted reads counted and used (a hint that is used is a hit).
+set -u
+cd "$(dirname "$0")/.."
+K3="${K3_BIN:-bin/k3}"
+PY="${PYTHON:-/usr/bin/python3}"
+T="${K3_TEST_TMP:-$(mktemp -d)}/prefetch"
+mkdir -p "$T"
+fail() { echo "FAIL: $*"; exit 1; }
+jget() { $PY -c "import json,sys; d=json.load(open(sys.argv[1]))
+for k in sys.argv[2].split('.'): d=d[k]
+print(d)" "$1" "$2"; }
+
+for name in m13 m14b12; do
+  M=tests/models/$name
+  rm -f "$T/b.json.hinted"
+  ids=$($PY -c "import json; print(','.join(map(str, json.load(open('tests/expected/$name.json'))['prompt_ids'])))")
+  "$K3" "$M" --ids "$ids" --gen 8 --teacher-force --workers 0 --preset max --expert-prefetch off --dump-logits "$T/ref.f32" \
+    > "$T/ref.out" 2>/dev/null || fail "$name: reference run"
+  for w in 0 2; do
+    "$K3" "$M" --ids "$ids" --gen 1 --workers $w --expert-prefetch on --json "$T/p.json" > /dev/null 2>&1 || fail "$name: planning run"
+    floor=$(jget "$T/p.json" memory.floor_bytes)
+    for extra in 0 600000; do
+      gb=$($PY -c "import math; print('%.9f' % (math.ceil(($floor + $extra) / 2**30 * 1e9) / 1e9))")
+      for cache in "" "--expert-cache-mb 0.05"; do
+        for pf in predict on; do
+          for rt in 0 1 4; do
+            [ "$pf" = predict ] && [ "$rt" != 4 ] && continue
+            [ "$w" = 2 ] && { [ "$pf" = predict ] || [ "$rt" = 1 ]; } && continue # servers: no hints
+            what="$name workers=$w --mem-gb $gb $cache --expert-prefetch $pf --read-threads $rt"
+            "$K3" "$M" --ids "$ids" --gen 8 --teacher-force --workers $w --mem-gb $gb $cache --expert-prefetch $pf \
+              --read-threads $rt --dump-logits "$T/b.f32" --json "$T/b.json" > "$T/b.out" 2> "$T/b.err" \
+              || { cat "$T/b.err"; fail "$what: run failed"; }
+            cmp -s "$T/ref.f32" "$T/b.f32" || fail "$what: logits differ from the reference"
+            cmp -s "$T/ref.out" "$T/b.out" || fail "$what: ids differ"
+            grep -q "expert predictor" "$T/b.err" || fail "$what: the plan has no expert predictor line"
+            $PY - "$T/b.json" "$w" "$pf" "$rt" "$what" << 'PYEOF' || fail "$what: --json prefetch"
+import json, sys
+j = json.load(open(sys.argv[1])); w, pf, rt, what = int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+p, m = j["prefetch"], j["memory"]
+assert m["peak_rss_total_bytes"] <= m["budget_bytes"], ("peak RSS above the budget", m["peak_rss_total_bytes"], m["budget_bytes"])
+assert p["mode"] == pf, p
+assert p["layers_scored"] > 0 and p["actual_experts"] > 0, p
+assert 0 <= p["correct"] <= min(p["actual_experts"], p["predicted_experts"]), p
+assert 0.0 <= p["recall"] <= 1.0, p
+if pf == "on" and w == 0 and rt > 0:  # hints only where the cache has 2 slots or more
+    assert p["hint_reads"] == p["hinted"], p
+    assert p["hint_hits"] <= p["hint_reads"] and p["hint_hits"] <= m["expert_hits"], (p, m)
+    assert p["hint_wasted"] + p["hint_hits"] <= p["hint_reads"], p
+    if p["hinted"] > 0: open(sys.argv[1] + ".hinted", "a").write("%d %d\n" % (p["hinted"], p["hint_hits"]))
+else:
+    assert p["hinted"] == 0, p   # no readers, predict only, or servers (no hints there)
+print("%s: recall %.3f, hinted %d, used %s" % (what, p["recall"], p["hinted"], p.get("hint_hits", "-")))
+PYEOF
+          done
+        done
+      done
+    done
+  done
+  [ -s "$T/b.json.hinted" ] || fail "$name: no run started a hinted read"
+  $PY -c "import sys; r=[tuple(map(int,l.split())) for l in open(sys.argv[1])]; assert sum(u for h,u in r) > 0" "$T/b.json.hinted" \
+    || fail "$name: no hinted read was ever used"
+done
+# a reader refused: --read-threads out of range is a usage error
+"$K3" tests/models/m13 --ids 1 --gen 1 --read-threads 300 > /dev/null 2> "$T/u.err"
+[ $? = 2 ] || fail "--read-threads 300 should be refused"
+"$K3" tests/models/m13 --ids 1 --gen 1 --expert-prefetch maybe > /dev/null 2> "$T/u.err"
+[ $? = 2 ] && grep -q "off|predict|on" "$T/u.err" || fail "--expert-prefetch maybe should be refused naming the choices"
+echo "t_56_prefetch: ok"

@@ -27,8 +27,9 @@ long wire_encode_hello(const wire_hello *h, void *buf, size_t cap) {
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, h->n_groups > 0 ? 19 : 17);
+    msgpack_pack_map(&pk, h->n_groups > 0 ? 20 : 18);
     pk_kv_str(&pk, "type", "hello");
+    pk_kv_int(&pk, "read_threads", h->read_threads);
     pk_kv_str(&pk, "model_dir", h->model_dir);
     pk_kv_int(&pk, "worker", h->worker);
     pk_kv_int(&pk, "n_workers", h->n_workers);
@@ -74,7 +75,8 @@ long wire_encode_request(const wire_request *q, void *buf, size_t cap) {
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, 6);
+    int hint = q->kind == WIRE_REQ_EXPERTS && q->nhint > 0;
+    msgpack_pack_map(&pk, hint ? 8 : 6);
     pk_kv_str(&pk, "type", q->kind == WIRE_REQ_SHUTDOWN ? "shutdown" : "req");
     pk_kv_u64(&pk, "id", q->id);
     pk_kv_int(&pk, "layer", q->layer);
@@ -85,6 +87,12 @@ long wire_encode_request(const wire_request *q, void *buf, size_t cap) {
     for (uint32_t i = 0; q->kind == WIRE_REQ_EXPERTS && i < q->npairs; i++) {
         msgpack_pack_int32(&pk, q->pair_token[i]);
         msgpack_pack_int32(&pk, q->pair_expert[i]);
+    }
+    if (hint) {
+        pk_kv_int(&pk, "hint_layer", q->hint_layer);
+        pk_str(&pk, "hint");
+        msgpack_pack_array(&pk, q->nhint);
+        for (uint32_t i = 0; i < q->nhint; i++) msgpack_pack_int32(&pk, q->hint[i]);
     }
     return finish(&sb, buf, cap);
 }
@@ -252,7 +260,7 @@ int wire_decode_hello(const void *buf, size_t len, wire_hello *h, k3_error *err)
               rd_u64(&rd, "resp_cap", &h->resp_cap) || I64(&rd, "max_tokens", 1, 1 << 20, h->max_tokens) ||
               I64(&rd, "max_pairs", 1, 1 << 26, h->max_pairs) || I64(&rd, "life", 0, 1 << 20, h->life) ||
               rd_str(&rd, "simd", h->simd, sizeof h->simd) || rd_str(&rd, "policy", h->policy, sizeof h->policy) ||
-              rd_str(&rd, "ownership", own, sizeof own))
+              rd_str(&rd, "ownership", own, sizeof own) || I64(&rd, "read_threads", 0, 256, h->read_threads))
                  ? -1 : 0;
     if (!rc && strcmp(own, "layer-rotate")) rc = k3_fail(err, "hello: unknown ownership scheme '%s'", own);
     /* group / n_groups: optional (absent: 0, the one-level map) */
@@ -278,10 +286,11 @@ int wire_decode_ready(const void *buf, size_t len, wire_ready *r, k3_error *err)
 int wire_decode_request(const void *buf, size_t len, uint32_t max_pairs, wire_request *q, k3_error *err) {
     reader rd;
     if (rd_open(&rd, buf, len, "request", err)) return -1;
-    int32_t *pt = q->pair_token, *pe = q->pair_expert;
+    int32_t *pt = q->pair_token, *pe = q->pair_expert, *hi = q->hint;
     memset(q, 0, sizeof *q);
     q->pair_token = pt;
     q->pair_expert = pe;
+    q->hint = hi;
     int64_t tmp;
     char type[32];
     int rc = -1;
@@ -307,6 +316,27 @@ int wire_decode_request(const void *buf, size_t len, uint32_t max_pairs, wire_re
             if (o->via.u64 >= q->ntok) { k3_fail(err, "request: pair %u names token %llu of %u", i / 2, (unsigned long long)o->via.u64, q->ntok); goto out; }
             pt[i / 2] = (int32_t)o->via.u64;
         } else pe[i / 2] = (int32_t)o->via.u64;
+    }
+    /* hint_layer / hint: optional, both or neither */
+    const msgpack_object *h = rd_get(&rd, "hint");
+    if (h || rd_get(&rd, "hint_layer")) {
+        if (!h || I64(&rd, "hint_layer", 0, 1 << 20, q->hint_layer)) {
+            if (!h) k3_fail(err, "request: 'hint_layer' without 'hint'");
+            goto out;
+        }
+        if (h->type != MSGPACK_OBJECT_ARRAY || h->via.array.size > wire_hint_max(max_pairs) || !hi) {
+            k3_fail(err, "request: 'hint' must be an array of at most %u expert ids", wire_hint_max(max_pairs));
+            goto out;
+        }
+        for (uint32_t i = 0; i < h->via.array.size; i++) {
+            const msgpack_object *o = &h->via.array.ptr[i];
+            if (o->type != MSGPACK_OBJECT_POSITIVE_INTEGER || o->via.u64 >= (1u << 20)) {
+                k3_fail(err, "request: hint[%u] is not an expert id", i);
+                goto out;
+            }
+            hi[i] = (int32_t)o->via.u64;
+        }
+        q->nhint = h->via.array.size;
     }
     rc = 0;
 out:

@@ -23,6 +23,7 @@ typedef struct {
     int life;                  /* 0 for the first start, +1 per restart */
     char simd[16];
     char policy[16];           /* expert-cache policy name (cache_policy_parse) */
+    int read_threads;          /* the cache's reads in flight (expert_cache_set_readers; 0: none) */
 } wire_hello;
 
 typedef struct {
@@ -39,7 +40,18 @@ typedef struct {
     int layer;
     uint32_t ntok, npairs;
     int32_t *pair_token, *pair_expert; /* decode: point into caller-provided arrays of max_pairs */
+    /* optional prefetch hint (coordinator/expert_predict.h): after answering, the server may start
+     * reading these experts of hint_layer (most likely first; it skips what it does not own).
+     * nhint 0: none (the keys are absent). At most wire_hint_max(max_pairs) entries, each in
+     * [0, 2^20); decode: hint points into a caller-provided array of that many. */
+    int hint_layer;
+    uint32_t nhint;
+    int32_t *hint;
 } wire_request;
+
+/* Entries a request's hint may carry: a quarter of max_pairs, so the header still fits the
+ * ring slot's cap (sized for the pairs), at least 16. */
+static inline uint32_t wire_hint_max(uint32_t max_pairs) { return max_pairs / 4 > 16 ? max_pairs / 4 : 16; }
 
 typedef struct {
     uint64_t id;
@@ -58,7 +70,8 @@ long wire_encode_response(const wire_response *r, void *buf, size_t cap);
 
 int wire_decode_hello(const void *buf, size_t len, wire_hello *h, k3_error *err);
 int wire_decode_ready(const void *buf, size_t len, wire_ready *r, k3_error *err);
-/* q->pair_token / pair_expert must point at arrays of max_pairs entries. */
+/* q->pair_token / pair_expert must point at arrays of max_pairs entries, q->hint at one of
+ * wire_hint_max(max_pairs) (or NULL: a request with a hint is then refused). */
 int wire_decode_request(const void *buf, size_t len, uint32_t max_pairs, wire_request *q, k3_error *err);
 int wire_decode_response(const void *buf, size_t len, wire_response *r, k3_error *err);
 

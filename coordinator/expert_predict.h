@@ -26,7 +26,7 @@ typedef struct {
     uint64_t actual;     /* distinct experts they used, summed */
     uint64_t predicted;  /* distinct experts predicted for them, summed */
     uint64_t correct;    /* predicted and used */
-    uint64_t hinted;     /* experts handed to the backend's hint (EP_HINT) */
+    uint64_t hinted;     /* experts handed to the backend's hint (EP_HINT); what it read of them: its own counters */
     double predict_s;    /* time spent predicting (router matvecs, selection) */
 } ep_stats;
 

@@ -2,26 +2,39 @@
 #include "coordinator/experts_local.h"
 #include "workers/expert_cache.h"
 #include <stdlib.h>
+#include <string.h>
 
 typedef struct {
     k3_model *m;
     const kernels *k;
     expert_cache *cache;
     expert_batch_ws ws; /* decode's buffers, kept between MoE layers (no allocation per layer) */
+    int hint_layer;           /* a prediction handed to hint(), started after the next run (-1: none) */
+    int32_t *hint;            /* [n_experts] */
+    size_t nhint;
 } local_impl;
 
 static int local_run(expert_backend *b, int layer, const float *zlat, size_t ntok, const int32_t *pair_token,
                      const int32_t *pair_expert, size_t npairs, float *out, k3_error *err) {
     local_impl *li = b->impl;
     expert_source src = expert_cache_source(li->cache);
-    return expert_batch_run_ws(li->k, &src, li->m->experts.L, li->m->experts.I, li->m->cfg.situ_beta,
-                               li->m->cfg.situ_linear_beta, layer, zlat, ntok, pair_token, pair_expert, npairs, out,
-                               &li->ws, err);
+    int rc = expert_batch_run_ws(li->k, &src, li->m->experts.L, li->m->experts.I, li->m->cfg.situ_beta,
+                                 li->m->cfg.situ_linear_beta, layer, zlat, ntok, pair_token, pair_expert, npairs, out,
+                                 &li->ws, err);
+    if (rc == 0 && li->hint_layer >= 0) expert_cache_hint(li->cache, li->hint_layer, li->hint, li->nhint);
+    li->hint_layer = -1;
+    return rc;
 }
 
+/* Kept until the next run (this layer's) has its experts: then the reads start, so they
+ * never take a slot this layer is about to use. */
 static size_t local_hint(expert_backend *b, int layer, const int32_t *experts, size_t n) {
     local_impl *li = b->impl;
-    return expert_cache_hint(li->cache, layer, experts, n);
+    size_t max = (size_t)li->m->cfg.num_experts;
+    li->nhint = n < max ? n : max;
+    memcpy(li->hint, experts, li->nhint * sizeof *experts);
+    li->hint_layer = layer;
+    return li->nhint;
 }
 
 static void local_destroy(expert_backend *b) {
@@ -29,6 +42,7 @@ static void local_destroy(expert_backend *b) {
     if (li) {
         expert_cache_free(li->cache);
         expert_batch_ws_free(&li->ws);
+        free(li->hint);
     }
     free(li);
     b->impl = NULL;
@@ -40,7 +54,9 @@ int experts_local_create(expert_backend *b, k3_model *m, const kernels *k, uint6
     if (!li) return k3_fail(err, "out of memory");
     li->m = m;
     li->k = k;
-    if (!(li->cache = expert_cache_create(&m->experts, &m->ck, cache_bytes, -1, err))) { free(li); return -1; }
+    li->hint_layer = -1;
+    if (!(li->hint = malloc((size_t)m->cfg.num_experts * sizeof *li->hint))) { free(li); return k3_fail(err, "out of memory"); }
+    if (!(li->cache = expert_cache_create(&m->experts, &m->ck, cache_bytes, -1, err))) { free(li->hint); free(li); return -1; }
     expert_cache_set_policy(li->cache, policy);
     *b = (expert_backend){local_run, local_destroy, li, local_hint, NULL};
     return 0;

@@ -621,6 +621,7 @@ static int start_backend(const options *o, k3_model *m, const kernels *k, int th
     po.simd = k->name;
     po.cache_bytes = cache_bytes;
     po.policy = cache_policy_name(pol);
+    po.read_threads = (int)o->read_threads;
     return workers_pool_create(eb, &m->cfg, m->ck.dir, &po, err);
 }
 

@@ -89,9 +89,9 @@ void moe_combine(const double *weights, const float *y, size_t K, size_t L, floa
 }
 
 typedef struct {
-    float *logits, *z, *y, *acc, *shared;
-    int32_t *ptok, *pexp;
-    double *wts;
+    float *logits, *z, *y, *acc, *shared, *plogits;
+    int32_t *ptok, *pexp, *pids;
+    double *wts, *pwts;
 } moe_bufs;
 
 static int moe_layout(scratch *sc, const k3_config *c, size_t R, moe_bufs *B) {
@@ -105,7 +105,12 @@ static int moe_layout(scratch *sc, const k3_config *c, size_t R, moe_bufs *B) {
     B->ptok = scratch_take(sc, R * K * sizeof(int32_t));
     B->pexp = scratch_take(sc, R * K * sizeof(int32_t));
     B->wts = scratch_take(sc, R * K * sizeof(double));
-    return B->logits && B->z && B->y && B->acc && B->shared && B->ptok && B->pexp && B->wts ? 0 : -1;
+    /* the next layer's prediction (expert_predict.h) */
+    B->plogits = scratch_take(sc, R * N * f);
+    B->pids = scratch_take(sc, R * K * sizeof(int32_t));
+    B->pwts = scratch_take(sc, R * K * sizeof(double));
+    return B->logits && B->z && B->y && B->acc && B->shared && B->ptok && B->pexp && B->wts && B->plogits && B->pids && B->pwts
+               ? 0 : -1;
 }
 
 size_t moe_scratch_bytes(const k3_config *c, size_t R) {
@@ -140,20 +145,20 @@ int moe_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const moe_
         for (size_t j = 0; j < K; j++) B.ptok[t * K + j] = (int32_t)t;
         if (trace) memcpy(trace + t * K, B.pexp + t * K, K * sizeof *trace);
     }
-    /* 4-5: (latent down-projection above), experts, combine in top-k order */
-    if (eb->run(eb, layer, B.z, R, B.ptok, B.pexp, R * K, B.y, err)) goto out;
-    for (size_t t = 0; t < R; t++) moe_combine(B.wts + t * K, B.y + t * K * L, K, L, B.acc + t * L);
     if (eb->predict) {
-        /* score the prediction made for this layer; predict the next MoE layer from this input and
-         * start its reads (a hint: the next layer routes from its own input as always). The
-         * router logits, pair tokens and weights are free now: their scratch is reused. */
+        /* score the prediction made for this layer; predict the next MoE layer from this input
+         * and hand it to the backend, which starts its reads once this layer's experts are
+         * computed (a hint: the next layer routes from its own input as always) */
         expert_predict_score(eb->predict, layer, B.pexp, R * K);
         const int32_t *list;
         size_t n;
-        int nl = expert_predict_next(eb->predict, k, layer, x, R, B.logits, B.ptok, B.wts, &list, &n);
+        int nl = expert_predict_next(eb->predict, k, layer, x, R, B.plogits, B.pids, B.pwts, &list, &n);
         if (nl >= 0 && n && eb->hint && expert_predict_mode(eb->predict) == EP_HINT)
             expert_predict_add_hinted(eb->predict, eb->hint(eb, nl, list, n));
     }
+    /* 4-5: (latent down-projection above), experts, combine in top-k order */
+    if (eb->run(eb, layer, B.z, R, B.ptok, B.pexp, R * K, B.y, err)) goto out;
+    for (size_t t = 0; t < R; t++) moe_combine(B.wts + t * K, B.y + t * K * L, K, L, B.acc + t * L);
     /* 6: latent norm on the AGGREGATE, then up-projection */
     if (c->latent_moe_use_norm)
         for (size_t t = 0; t < R; t++) rmsnorm(B.acc + t * L, B.acc + t * L, w->lat_norm, L, c->rms_norm_eps);

@@ -50,6 +50,8 @@ typedef struct {
     size_t *pair_index;
     float *z;
     uint64_t req_id;
+    int32_t *hint;            /* [wire_hint_max]: the prediction's experts this worker owns */
+    uint32_t nhint;
 } worker;
 
 typedef struct {
@@ -61,6 +63,9 @@ typedef struct {
     worker *w;
     size_t L, max_pairs;
     uint64_t hdr_cap, req_cap, resp_cap, next_id;
+    int hint_layer;           /* a prediction handed to pool_hint, sent with the next request (-1: none) */
+    int32_t *hint;            /* [wire_hint_max] */
+    uint32_t nhint;
 } pool;
 
 int workers_pool_default_path(char *buf, size_t len) {
@@ -138,6 +143,7 @@ static int spawn(pool *p, worker *w, k3_error *err) {
     h.resp_cap = p->resp_cap;
     h.max_tokens = (uint32_t)p->o.max_tokens;
     h.max_pairs = (uint32_t)p->max_pairs;
+    h.read_threads = p->o.read_threads;
     h.life = w->life;
     snprintf(h.simd, sizeof h.simd, "%s", p->o.simd);
     snprintf(h.policy, sizeof h.policy, "%s", p->o.policy);
@@ -185,7 +191,8 @@ static int send_request(pool *p, worker *w, int layer, k3_error *err) {
     ring_ctl *c = w->rg.ctl;
     uint64_t seq = ++w->seq;
     ring_slot_head *s = ring_req_slot(&w->rg, seq);
-    wire_request q = {WIRE_REQ_EXPERTS, w->req_id, layer, (uint32_t)w->ntok, (uint32_t)w->npairs, w->ptok, w->pexp};
+    wire_request q = {WIRE_REQ_EXPERTS, w->req_id, layer, (uint32_t)w->ntok, (uint32_t)w->npairs, w->ptok, w->pexp,
+                      p->hint_layer, w->nhint, w->hint};
     long hl = wire_encode_request(&q, ring_slot_hdr(s), w->rg.hdr_cap);
     if (hl < 0) return k3_fail(err, "request header for worker %d does not fit the ring slot", w->idx);
     size_t pl = w->ntok * p->L * sizeof(float);
@@ -315,12 +322,19 @@ static int pool_run(expert_backend *b, int layer, const float *zlat, size_t ntok
         w->pair_index[w->npairs] = i;
         w->npairs++;
     }
+    for (int i = 0; i < p->n; i++) p->w[i].nhint = 0;
+    for (uint32_t i = 0; p->hint_layer >= 0 && i < p->nhint; i++) { /* each server gets the predicted experts it owns */
+        int owner = expert_owner_in(p->hint_layer, p->hint[i], p->o.group, p->o.n_groups, p->n);
+        if (owner >= 0) p->w[owner].hint[p->w[owner].nhint++] = p->hint[i];
+    }
     for (int i = 0; i < p->n; i++) {
         worker *w = &p->w[i];
         if (!w->npairs) continue;
         w->req_id = ++p->next_id;
         if (send_request(p, w, layer, err)) return -1;
     }
+    p->hint_layer = -1;
+    p->nhint = 0;
     for (int i = 0; i < p->n; i++) {
         worker *w = &p->w[i];
         if (!w->npairs) continue;
@@ -337,7 +351,18 @@ static int pool_run(expert_backend *b, int layer, const float *zlat, size_t ntok
 
 static void free_worker(worker *w) {
     if (w->cpus) CPU_FREE(w->cpus);
-    free(w->ptok); free(w->pexp); free(w->tok_map); free(w->pair_index); free(w->z);
+    free(w->ptok); free(w->pexp); free(w->tok_map); free(w->pair_index); free(w->z); free(w->hint);
+}
+
+/* A prediction of `layer`'s experts: sent with the next request (the one of the layer before
+ * it) to the servers that own them, which start reading after they answer. */
+static size_t pool_hint(expert_backend *b, int layer, const int32_t *experts, size_t n) {
+    pool *p = b->impl;
+    uint32_t max = wire_hint_max((uint32_t)p->max_pairs);
+    p->nhint = 0;
+    p->hint_layer = layer;
+    for (size_t i = 0; i < n && p->nhint < max; i++) p->hint[p->nhint++] = experts[i];
+    return p->nhint;
 }
 
 static void pool_destroy(expert_backend *b) {
@@ -363,6 +388,7 @@ static void pool_destroy(expert_backend *b) {
         free_worker(w);
     }
     free(p->w);
+    free(p->hint);
     free(p);
     b->impl = NULL;
 }
@@ -409,8 +435,10 @@ int workers_pool_create(expert_backend *b, const k3_config *cfg, const char *mod
     p->req_cap = (uint64_t)o->max_tokens * p->L * sizeof(float);
     p->resp_cap = (uint64_t)p->max_pairs * p->L * sizeof(float);
     p->w = calloc((size_t)p->n, sizeof *p->w);
-    *b = (expert_backend){pool_run, pool_destroy, p, NULL, NULL};
-    if (!p->w) { pool_destroy(b); return k3_fail(err, "out of memory"); }
+    p->hint = malloc(wire_hint_max((uint32_t)p->max_pairs) * sizeof *p->hint);
+    p->hint_layer = -1;
+    *b = (expert_backend){pool_run, pool_destroy, p, pool_hint, NULL};
+    if (!p->w || !p->hint) { pool_destroy(b); return k3_fail(err, "out of memory"); }
     struct sigaction sa = {0};
     sa.sa_handler = on_fatal_signal;
     sigemptyset(&sa.sa_mask);
@@ -436,7 +464,8 @@ int workers_pool_create(expert_backend *b, const k3_config *cfg, const char *mod
         w->pair_index = malloc(p->max_pairs * sizeof *w->pair_index);
         w->tok_map = malloc(o->max_tokens * sizeof *w->tok_map);
         w->z = malloc(o->max_tokens * p->L * sizeof *w->z);
-        if (!w->ptok || !w->pexp || !w->pair_index || !w->tok_map || !w->z) { pool_destroy(b); return k3_fail(err, "out of memory"); }
+        w->hint = malloc(wire_hint_max((uint32_t)p->max_pairs) * sizeof *w->hint);
+        if (!w->ptok || !w->pexp || !w->pair_index || !w->tok_map || !w->z || !w->hint) { pool_destroy(b); return k3_fail(err, "out of memory"); }
         if (ring_create(&w->rg, RING_SLOTS, p->hdr_cap, p->req_cap, p->resp_cap, err) || start(p, w, err)) {
             pool_destroy(b);
             return -1;

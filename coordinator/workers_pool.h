@@ -33,6 +33,7 @@ typedef struct {
     const char *expertd_path;
     const char *simd;          /* kernel level name, passed to workers */
     const char *policy;        /* expert-cache policy name, passed to workers */
+    int read_threads;          /* each server cache's reads in flight (--read-threads; 0: none) */
     int group, n_groups;       /* serve only expert rank `group`'s experts (of n_groups; 0 = 1 group) */
     void (*on_progress)(void *ctx); /* optional: called while waiting whenever a server shows progress */
     void *progress_ctx;

@@ -113,6 +113,7 @@ static int setup(server *sv, int ring_fd, wire_ready *ready, k3_error *err) {
     if (cache_policy_parse(h->policy, &pol)) return k3_fail(err, "unknown expert-cache policy '%s'", h->policy);
     if (!(sv->cache = expert_cache_create(&sv->store, &sv->ck, h->cache_bytes, h->node, err))) return -1;
     expert_cache_set_policy(sv->cache, pol);
+    if (expert_cache_set_readers(sv->cache, h->read_threads, err)) return -1;
     int n = 0;
     for (int l = 0; l < sv->cfg.num_hidden_layers; l++)
         for (int e = 0; e < sv->cfg.num_experts; e++) n += expert_store_loc(&sv->store, l, e) != NULL;
@@ -146,11 +147,12 @@ static int beat_prefetch(void *ctx, int layer, const int32_t *experts, size_t n,
 }
 
 /* Serves one request already waiting in slot `seq`. Returns 1 to stop, 0 to go on. */
-static int serve(server *sv, uint64_t seq, int32_t *ptok, int32_t *pexp, const fault_plan *fp, unsigned long served) {
+static int serve(server *sv, uint64_t seq, int32_t *ptok, int32_t *pexp, int32_t *phint, const fault_plan *fp,
+                 unsigned long served) {
     ring *rg = &sv->rg;
     ring_ctl *ctl = rg->ctl;
     ring_slot_head *rs = ring_req_slot(rg, seq), *out = ring_resp_slot(rg, seq);
-    wire_request q = {.pair_token = ptok, .pair_expert = pexp};
+    wire_request q = {.pair_token = ptok, .pair_expert = pexp, .hint = phint};
     wire_response resp = {0};
     k3_error err = {0};
     uint64_t hl, pl;
@@ -209,6 +211,10 @@ static int serve(server *sv, uint64_t seq, int32_t *ptok, int32_t *pexp, const f
     }
     if (FAULT_IS("semjunk")) { atomic_store(&ctl->resp_items, 0xffffffffu); return 0; }
     ring_publish(out, seq, (uint64_t)hlen, payload, &ctl->resp_items);
+    /* the prediction of the next MoE layer (validated ids; experts not owned, a layer that is not
+     * MoE or out of range are skipped by the cache): reads start while the coordinator goes on */
+    if (resp.ok && q.nhint && q.hint_layer < sv->cfg.num_hidden_layers && sv->cfg.layer_is_moe[q.hint_layer])
+        expert_cache_hint(sv->cache, q.hint_layer, q.hint, q.nhint);
     return 0;
 }
 
@@ -247,7 +253,8 @@ int main(int argc, char **argv) {
     if (len < 0 || send(control_fd, msg, (size_t)len, 0) != len || !ready.ok) return 1;
 
     int32_t *ptok = malloc(sv.hello.max_pairs * sizeof *ptok), *pexp = malloc(sv.hello.max_pairs * sizeof *pexp);
-    if (!ptok || !pexp) return 1;
+    int32_t *phint = malloc(wire_hint_max(sv.hello.max_pairs) * sizeof *phint);
+    if (!ptok || !pexp || !phint) return 1;
     uint64_t seq = 0;
     unsigned long served = 0;
     for (;;) {
@@ -260,11 +267,12 @@ int main(int argc, char **argv) {
         }
         atomic_fetch_add(&sv.rg.ctl->stat_wait_ns, now_ns() - w0);
         atomic_fetch_add(&sv.rg.ctl->heartbeat, 1);
-        if (serve(&sv, ++seq, ptok, pexp, &fp, ++served)) break;
+        if (serve(&sv, ++seq, ptok, pexp, phint, &fp, ++served)) break;
         atomic_fetch_add(&sv.rg.ctl->heartbeat, 1);
     }
     free(ptok);
     free(pexp);
+    free(phint);
     expert_cache_free(sv.cache);
     expert_store_free(&sv.store);
     checkpoint_close(&sv.ck);

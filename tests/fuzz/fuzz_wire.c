@@ -38,14 +38,18 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     case 2: {
         enum { MAXP = 64 };
-        int32_t pt[MAXP], pe[MAXP], pt2[MAXP], pe2[MAXP];
-        wire_request q = {0, 0, 0, 0, 0, pt, pe}, q2 = {0, 0, 0, 0, 0, pt2, pe2};
+        int32_t pt[MAXP], pe[MAXP], pt2[MAXP], pe2[MAXP], hi[MAXP], hi2[MAXP];
+        wire_request q = {0, 0, 0, 0, 0, pt, pe, 0, 0, hi}, q2 = {0, 0, 0, 0, 0, pt2, pe2, 0, 0, hi2};
         if (wire_decode_request(m, n, MAXP, &q, &e) == 0) {
-            CHECK(q.npairs <= MAXP);
+            CHECK(q.npairs <= MAXP && q.nhint <= wire_hint_max(MAXP) && q.hint_layer >= 0 && q.hint_layer <= (1 << 20));
             for (uint32_t i = 0; i < q.npairs; i++) CHECK(pt[i] >= 0 && (uint32_t)pt[i] < q.ntok && pe[i] >= 0);
+            for (uint32_t i = 0; i < q.nhint; i++) CHECK(hi[i] >= 0 && hi[i] < (1 << 20));
             long k = wire_encode_request(&q, out, sizeof out);
             CHECK(k > 0 && wire_decode_request(out, (size_t)k, MAXP, &q2, &e) == 0);
             CHECK(q2.kind == q.kind && q2.id == q.id && q2.npairs == q.npairs);
+            /* a shutdown carries no hint; a request keeps its hint */
+            CHECK(q.kind != WIRE_REQ_EXPERTS || (q2.nhint == q.nhint && (!q.nhint || q2.hint_layer == q.hint_layer) &&
+                                                 !memcmp(hi, hi2, q.nhint * sizeof *hi)));
         } else CHECK(e.set);
         break;
     }

@@ -41,11 +41,12 @@ typedef int (*decode_fn)(const void *, size_t, void *, k3_error *);
 static int dec_hello(const void *b, size_t n, void *o, k3_error *e) { return wire_decode_hello(b, n, o, e); }
 static int dec_ready(const void *b, size_t n, void *o, k3_error *e) { return wire_decode_ready(b, n, o, e); }
 static int dec_resp(const void *b, size_t n, void *o, k3_error *e) { return wire_decode_response(b, n, o, e); }
-static int32_t g_pt[8], g_pe[8];
+static int32_t g_pt[8], g_pe[8], g_hint[16];
 static int dec_req(const void *b, size_t n, void *o, k3_error *e) {
     wire_request *q = o;
     q->pair_token = g_pt;
     q->pair_expert = g_pe;
+    q->hint = g_hint;
     return wire_decode_request(b, n, 8, q, e);
 }
 
@@ -127,7 +128,7 @@ static void test_wire(void) {
 
     /* request */
     int32_t pt[4] = {0, 1, 1, 2}, pe[4] = {5, 7, 9, 0}, qt[8], qe[8];
-    wire_request q = {WIRE_REQ_EXPERTS, 42, 3, 3, 4, pt, pe}, q2 = {0, 0, 0, 0, 0, qt, qe};
+    wire_request q = {WIRE_REQ_EXPERTS, 42, 3, 3, 4, pt, pe, 0, 0, NULL}, q2 = {0, 0, 0, 0, 0, qt, qe, 0, 0, NULL};
     n = wire_encode_request(&q, buf, sizeof buf);
     k3_error_clear(&e);
     CHECK(n > 0 && wire_decode_request(buf, (size_t)n, 8, &q2, &e) == 0 && q2.kind == q.kind && q2.id == 42 &&
@@ -143,19 +144,54 @@ static void test_wire(void) {
     q2.pair_expert = qe;
     CHECK(wire_decode_request(buf, (size_t)n, 8, &q2, &e) == -1 && strstr(e.msg, "token 2 of 2"), "token past ntok: %s", e.msg);
     int32_t neg[1] = {-1};
-    wire_request qn = {WIRE_REQ_EXPERTS, 1, 0, 1, 1, pt, neg};
+    wire_request qn = {WIRE_REQ_EXPERTS, 1, 0, 1, 1, pt, neg, 0, 0, NULL};
     n = wire_encode_request(&qn, buf, sizeof buf);
     k3_error_clear(&e);
     q2.pair_token = qt;
     q2.pair_expert = qe;
     CHECK(n < 0 || (wire_decode_request(buf, (size_t)n, 8, &q2, &e) == -1 && strstr(e.msg, "pairs[1]")),
           "negative expert id: %s", e.msg);
-    wire_request qs = {WIRE_REQ_SHUTDOWN, 9, 0, 0, 0, pt, pe};
+    wire_request qs = {WIRE_REQ_SHUTDOWN, 9, 0, 0, 0, pt, pe, 0, 0, NULL};
     n = wire_encode_request(&qs, buf, sizeof buf);
     k3_error_clear(&e);
     q2.pair_token = qt;
     q2.pair_expert = qe;
     CHECK(wire_decode_request(buf, (size_t)n, 8, &q2, &e) == 0 && q2.kind == WIRE_REQ_SHUTDOWN, "shutdown: %s", e.msg);
+
+    /* a request with a prefetch hint (the next MoE layer's predicted experts) */
+    int32_t hint[17], hq[16];
+    for (int i = 0; i < 17; i++) hint[i] = 100 + 3 * i;
+    wire_request qh = {WIRE_REQ_EXPERTS, 43, 3, 3, 4, pt, pe, 5, 6, hint}, qh2 = {0, 0, 0, 0, 0, qt, qe, 0, 0, hq};
+    n = wire_encode_request(&qh, buf, sizeof buf);
+    k3_error_clear(&e);
+    CHECK(n > 0 && wire_decode_request(buf, (size_t)n, 8, &qh2, &e) == 0 && qh2.hint_layer == 5 && qh2.nhint == 6 &&
+              !memcmp(hq, hint, 6 * sizeof *hint) && qh2.npairs == 4 && !memcmp(qe, pe, sizeof pe),
+          "hinted request round trip: %s", e.msg);
+    CHECK(wire_hint_max(8) == 16 && wire_hint_max(1024) == 256, "wire_hint_max");
+    mangle("hinted request", dec_req, buf, (size_t)n, &qh2);
+    qh2.hint = NULL; /* no room for a hint: refused */
+    k3_error_clear(&e);
+    CHECK(wire_decode_request(buf, (size_t)n, 8, &qh2, &e) == -1 && strstr(e.msg, "'hint'"), "hint without room: %s", e.msg);
+    qh.nhint = 17; /* over wire_hint_max(8) = 16 */
+    n = wire_encode_request(&qh, buf, sizeof buf);
+    qh2.hint = hq;
+    k3_error_clear(&e);
+    CHECK(wire_decode_request(buf, (size_t)n, 8, &qh2, &e) == -1 && strstr(e.msg, "at most 16"), "17 hinted: %s", e.msg);
+    qh.nhint = 2;
+    qh.hint_layer = -1; /* a negative layer */
+    n = wire_encode_request(&qh, buf, sizeof buf);
+    k3_error_clear(&e);
+    CHECK(wire_decode_request(buf, (size_t)n, 8, &qh2, &e) == -1 && strstr(e.msg, "hint_layer"), "hint_layer -1: %s", e.msg);
+    int32_t bad_hint[2] = {3, -4};
+    qh.hint_layer = 2;
+    qh.hint = bad_hint;
+    n = wire_encode_request(&qh, buf, sizeof buf);
+    k3_error_clear(&e);
+    CHECK(wire_decode_request(buf, (size_t)n, 8, &qh2, &e) == -1 && strstr(e.msg, "hint[1]"), "negative hinted id: %s", e.msg);
+    bad_hint[1] = 1 << 20;
+    n = wire_encode_request(&qh, buf, sizeof buf);
+    k3_error_clear(&e);
+    CHECK(wire_decode_request(buf, (size_t)n, 8, &qh2, &e) == -1 && strstr(e.msg, "hint[1]"), "hinted id 2^20: %s", e.msg);
 
     /* response with its checksum */
     float pay[6] = {1, -2, 3.5f, 0, 1e-30f, -0.0f};

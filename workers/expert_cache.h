@@ -68,7 +68,10 @@ expert_source expert_cache_source(expert_cache *c);
  * acquire waits only for its own expert, so computing one expert overlaps reading the next;
  * misses beyond the slots a request can pin start as soon as a slot is released. Without it
  * (n_threads 0, the default) misses are read as before (an OpenMP loop, then on demand).
- * Only with O_DIRECT; call once, before the first request. 0 or -1 with err. */
+ * Only with O_DIRECT; call once, before the first request. 0 or -1 with err. The pipelined
+ * misses take their slots earlier than the synchronous path does (while the request's earlier
+ * experts are still pinned), so the policy may choose other victims: hit counts can differ a
+ * little from scripts/sim_expert_cache.py, which models the synchronous path (t_45 runs it). */
 int expert_cache_set_readers(expert_cache *c, int n_threads, k3_error *err);
 int expert_cache_readers(const expert_cache *c);
 

@@ -10,8 +10,9 @@
  *     scripts/sim_expert_cache.py's (numbers in test_sequences);
  *   - expert bytes and expert_batch_run outputs identical for every policy and
  *     cache size (the policy changes only speed), with and without readers (several
- *     reads in flight) and hints (half of them wrong); hint accounting; readers do
- *     not change the hit count.
+ *     reads in flight) and hints (half of them wrong); hint accounting; on these
+ *     sequences readers give the hit count of the synchronous path (not in general:
+ *     expert_cache.h).
  * Exits non-zero and prints every failure.
  *
  * Replay mode (used by tests/t_45_cache_policy.sh to check the C policies against
@@ -488,7 +489,7 @@ static void test_identical(model *m) {
                   (unsigned long long)s.hint_hits, (unsigned long long)s.hint_wasted);
             CHECK(hints || s.hint_reads == 0, "a hint read without hints");
             CHECK(readers || s.hint_reads == 0, "hints without readers must do nothing");
-            if (!readers && !hints && p == CACHE_POLICY_PHIT) { /* the pool changes no count: same hits as without it */
+            if (!readers && !hints && p == CACHE_POLICY_PHIT) { /* on these sequences the pool changes no count */
                 expert_cache *c2 = cache_of(m, sizes[si], (cache_policy)p, &err);
                 if (c2 && !expert_cache_set_readers(c2, 4, &err)) {
                     expert_source s2 = expert_cache_source(c2);

@@ -59,6 +59,7 @@ typedef struct {
     float *rows;         /* logits rows, positions first_pos.. */
     size_t first_pos, n_rows;
     double prefill_s, decode_s;
+    double decode_step_min_s; /* the fastest one-id decode step (no draft): a shared host's noise only slows steps */
     double prefill_cpu_s, decode_cpu_s; /* CPU seconds of all threads in the same spans */
     size_t prefill_ids;  /* positions this run's prefill step computed (after a state or snapshot) */
     size_t first_ids;    /* ids the prefill's step emitted (1; more with a speculative first step) */
@@ -182,9 +183,14 @@ static int run(engine *en, const options *o, draft_source *draft, int spec_pp, c
         int32_t prop[63];
         size_t k = 0;
         if (i > 0 && draft && draft_propose(draft, g.ids, g.n, i, prop, (size_t)o->draft_max, &k, err)) goto out;
+        double ts = k3_now_s();
         if (k ? gen_step_spec(en, &g, prop, k, N - i, ev, &nev, err) : gen_step(en, &g, (size_t)o->chunk, ev, err))
             goto out;
         int first = i == i0;
+        if (!first && !k && nev == 1) {
+            double d = k3_now_s() - ts;
+            if (r->decode_step_min_s == 0 || d < r->decode_step_min_s) r->decode_step_min_s = d;
+        }
         if (first) {
             r->prefill_s = k3_now_s() - t0;
             r->prefill_cpu_s = proc_cpu_s() - c0;
@@ -497,6 +503,7 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
                             json_real(r->prefill_s > 0 ? (double)r->prefill_ids / r->prefill_s : 0));
         json_object_set_new(tm, "prefill_cpu_s", json_real(r->prefill_cpu_s));
         json_object_set_new(tm, "decode_s", json_real(r->decode_s));
+        if (r->decode_step_min_s > 0) json_object_set_new(tm, "decode_step_min_s", json_real(r->decode_step_min_s));
         json_object_set_new(tm, "decode_cpu_s", json_real(r->decode_cpu_s));
         if (r->n_ckpt) {
             json_object_set_new(tm, "checkpoint_s", json_real(r->ckpt_s));

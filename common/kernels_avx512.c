@@ -33,9 +33,15 @@ static inline __mmask8 tail_mask(size_t left) { return (__mmask8)((1u << left) -
 
 /* Software prefetch for the streamed dense rows of the row-block kernels: one cache
  * line per row every 64 bytes, K3_PF_AHEAD bytes ahead in each of the 8 rows (8 KiB in
- * flight per block; measured on a 2-core Xeon VM, 1 thread from memory: 512 B-1 KiB per
- * row of 8 best, 8 KiB worse). Addresses past a row are harmless (the next rows). */
+ * flight per block). Measured on the 2-core Xeon VM, matmul_dense of a 117 MB bf16
+ * matrix from memory, best / 25th percentile of 30 calls: 1 thread 512 B 13.5-13.8 /
+ * 12.9, 1 KiB 13.2-13.4 / 12.4-12.5, 2 KiB 12.4-12.8 / 11.7-12.4 GB/s; 2 threads
+ * (quiet moment) 512 B 22.0-24.2 / 20.1-23.7, 1 KiB 22.7 / 21.1-21.5, 2 KiB 20.9-22.7 /
+ * 20.1-21.6 GB/s; no prefetch (4 rows) about 10 % below. Addresses past a row are
+ * harmless (the next rows). -DK3_PF_AHEAD=N overrides it. */
+#ifndef K3_PF_AHEAD
 #define K3_PF_AHEAD 1024
+#endif
 /* always_inline: a separate function holding only prefetches is judged side-effect
  * free by GCC 12's IPA and its calls are deleted. */
 static inline __attribute__((always_inline)) void prefetch_rows8(const void *w, size_t row_bytes, size_t at) {

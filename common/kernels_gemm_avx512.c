@@ -14,7 +14,7 @@
  * in token blocks of at most TB (48) tokens (a call's blocks balanced: 64 tokens are
  * 32 + 32, not 48 + 16). Per token block and column block of KC columns, the
  * block's activations are converted once into double (xd, for all the panel's rows:
- * 1/96 of a conversion per multiply-add) and, per sub-tile of NS (24) rows, the
+ * 1/96 of a conversion per multiply-add) and, per sub-tile of NS (12) rows, the
  * weights once (wd, for all the block's tokens: bf16 shift, f32 widening, MXFP4 by a
  * 16-entry table E2M1 x 2^(s-127) and vpermi2pd); then the 4-row x 6-token
  * micro-kernel keeps 24 FMA chains in registers (24 FMAs per 10 loads) token group by
@@ -32,7 +32,7 @@
 #define MT 6  /* tokens per micro-kernel */
 #define NP K3_GEMM_NR_AVX512 /* rows per call (panel): the activations are decoded once for them */
 #ifndef NS
-#define NS 24 /* rows per weight sub-tile (decoded together, L1-resident; a multiple of 3, 4, 6, 8) */
+#define NS 12 /* rows per weight sub-tile (decoded together, L1-resident; a multiple of 3, 4 and 6) */
 #endif
 #ifndef TB
 #define TB 48 /* tokens per token block at most (multiple of MT): each weight is decoded once for them */
@@ -41,7 +41,7 @@
 #define KC 128 /* columns per column block (multiple of 32: whole MXFP4 blocks) */
 #endif
 
-#if NP % NS != 0 || NS % 24 != 0 || TB % MT != 0 || KC % 32 != 0
+#if NP % NS != 0 || NS % 12 != 0 || TB % MT != 0 || KC % 32 != 0
 #error "bad gemm blocking"
 #endif
 
@@ -96,8 +96,8 @@ static void micro_any(int R, int T, const double *wd, const double *xd, size_t n
 #undef K3_MICRO_T
 
 /* One token group (T tokens) against the ns rows of a weight sub-tile: R-row
- * micro-kernels, the rows left (ns % R, a panel's last sub-tile) in pieces of at most
- * MR rows x MT tokens. */
+ * micro-kernels, the rows left (ns % R: a panel's last sub-tile, or 4 of 12 rows for
+ * the 8-row shape) in pieces of at most MR rows x MT tokens. */
 static inline __attribute__((always_inline)) void token_group(const int R, const int T, size_t ns, const double *wd,
                                                               const double *xd, size_t nk8, double *acc) {
     size_t r = 0;
@@ -132,9 +132,12 @@ static void token_groups(size_t nt, size_t ns, const double *wd, const double *x
     }
 }
 
+#ifndef PF_HINT
+#define PF_HINT _MM_HINT_T0
+#endif
 /* prefetch bytes [p, p + n) (n a multiple of 64) */
 static inline __attribute__((always_inline)) void prefetch_span(const void *p, size_t n) {
-    for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + o, _MM_HINT_T0);
+    for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + o, PF_HINT);
 }
 
 /* xd[t][0..KC) = x[t][k0 .. k0+kn) in double, zero beyond kn (kn8 = kn rounded up to 8);
@@ -185,7 +188,7 @@ static inline __attribute__((always_inline)) void pack_w(wkind kind, const void 
             const uint8_t *ss = scales + (r0 + r) * (cols / 32) + k0 / 32;
             if (pf) {
                 prefetch_span(ps + KC / 2, KC / 2);
-                _mm_prefetch((const char *)ss + KC / 32, _MM_HINT_T0);
+                _mm_prefetch((const char *)ss + KC / 32, PF_HINT);
             }
             for (; k < kn; k += 32) {
                 const __m512d s = _mm512_set1_pd(k3_mxfp4_scale(ss[k / 32]));

@@ -56,7 +56,9 @@ void k3_gemm_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, size_t row
                         const float *x, size_t ntok, float *y);
 /* The same for the AVX-512 level (kernels_gemm_avx512.c: the 8 lanes in one register),
  * for nr <= K3_GEMM_NR_AVX512 rows a call. */
+#ifndef K3_GEMM_NR_AVX512
 #define K3_GEMM_NR_AVX512 96
+#endif
 void k3_gemm_f32_avx512(const float *w, size_t rows, size_t cols, size_t r0, size_t nr, const float *x, size_t ntok,
                         float *y);
 void k3_gemm_bf16_avx512(const uint16_t *w, size_t rows, size_t cols, size_t r0, size_t nr, const float *x,

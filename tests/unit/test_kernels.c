@@ -280,7 +280,7 @@ static void test_batches(tstate *ts) {
                                        {1, 8, 4},     {2, 9, 5},      {25, 128, 6},  {47, 129, 7},
                                        {50, 300, 16}, {49, 256, 17},  {97, 1000, 33}, {24, 7175, 19},
                                        {73, 64, 40},  {5, 3584, 64},  {26, 160, 23}, {3, 3072, 12},
-                                       /* the AVX-512 blocking: 4-row x 6-token micro-kernels, 24-row weight
+                                       /* the AVX-512 blocking: 4-row x 6-token micro-kernels, 12-row weight
                                         * sub-tiles in 96-row panels, token blocks of at most 48 split evenly
                                         * (49 -> 25 + 24, 97 -> 33 + 33 + 31, 100 -> 34 + 34 + 32,
                                         * 481 -> 10 x 44 + 41) */

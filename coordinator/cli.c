@@ -196,11 +196,12 @@ static const cli_flag FLAGS[] = {
     {"expert-cache-policy", "P", CLI_FN, 0, 0, 0, set_policy, "phit",
      "`lru`, `lfu` or `phit` (predicted hit, chosen by trace simulation; see docs/PERFORMANCE.md); never changes the ids"},
     {"read-threads", "N", CLI_LONG, OFF(read_threads), 0, 256, NULL, "4",
-     "reads in flight: the trunk streamer's and the in-process expert cache's reader threads, each read cut in 4 MiB "
-     "pieces so one large read keeps N preads at the device (an NVMe's queue depth); `0`: one synchronous pread at a time"},
+     "reads in flight: reader threads of the trunk streamer (streamed units) and of every expert cache (in-process "
+     "and in each server), each read cut in 4 MiB pieces so one large read keeps N preads at the device (an NVMe's "
+     "queue depth); `0`: one synchronous pread at a time"},
     {"expert-prefetch", "off|predict|on", CLI_FN, 0, 0, 0, set_prefetch, "off",
      "after each MoE layer, predict the next MoE layer's experts from its router applied to this layer's input (router "
-     "copies: a plan line); `on`: start their reads (in-process cache, `--read-threads` > 0); `predict`: only score the "
+     "copies: a plan line); `on`: start their reads (the cache that owns them, `--read-threads` > 0); `predict`: only score the "
      "prediction; `--json` `prefetch` gives recall, hinted reads used and wasted, read stall; never changes the ids"},
     {"worker-timeout-ms", "MS", CLI_LONG, OFF(timeout_ms), 100, 86400000L, NULL, "30000",
      "a server that makes no progress, or is not ready, this long is restarted"},

@@ -136,7 +136,7 @@ static int read_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
                 t->place(t->place_ctx, ub->buf + at + (t->direct_ok ? u->e[j]->t->begin % IO_ALIGN : 0), u->w[j]->rows,
                             (size_t)(n / u->w[j]->rows), i >= t->n_pinned);
             int dfd = t->direct_ok ? t->direct_fd[u->e[j]->shard] : -1;
-            if (t->pool && dfd >= 0) {
+            if (t->pool && dfd >= 0 && i >= t->n_pinned) { /* streamed units; the pinned load reads as before */
                 snprintf(what[j], sizeof what[j], "tensor '%s'", u->e[j]->name);
                 rd[j] = (dr_read){.path = m->ck.shards[u->e[j]->shard].file.path, .dfd = dfd, .bfd = -1,
                                   .off = u->e[j]->t->begin, .len = n, .buf = ub->buf + at, .what = what[j]};
@@ -168,7 +168,7 @@ static int read_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
         t->place(t->place_ctx, ub->buf + (t->direct_ok ? (m->lm_head_entry->t->begin + r0 * row_bytes) % IO_ALIGN : 0), rows,
                  row_bytes, i >= t->n_pinned);
     int dfd = t->direct_ok ? t->direct_fd[m->lm_head_entry->shard] : -1, done = 0;
-    if (t->pool && dfd >= 0) {
+    if (t->pool && dfd >= 0 && i >= t->n_pinned) {
         char what[300];
         snprintf(what, sizeof what, "tensor '%s'", m->lm_head_entry->name);
         dr_read rd = {.path = m->ck.shards[m->lm_head_entry->shard].file.path, .dfd = dfd, .bfd = -1,

@@ -23,7 +23,9 @@ typedef struct {
     int n_pinned_units;      /* prefix of the walk order held resident (units, then lm chunks) */
     int n_slots;             /* streaming slots (>= 2 unless everything is pinned) */
     size_t lm_chunk_rows;    /* rows of the lm head per chunk */
-    int read_threads;        /* reads in flight (common/direct_read dr_pool: each read cut in pieces); 0: one pread at a time */
+    int read_threads;        /* streamed units' reads in flight (common/direct_read dr_pool: every matrix of a unit
+                              * submitted at once, each cut in 4 MiB pieces); 0: one pread at a time. The
+                              * pinned units' load reads as without it (two readers, one pread each). */
 } trunk_config;
 
 /* NUMA (coordinator/numa_place.h): called before a matrix of `rows` rows is read

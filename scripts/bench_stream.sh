@@ -56,6 +56,14 @@ if command -v fio > /dev/null && [ "${#shards[@]}" -ge 4 ]; then
   fio_one qd1 --name=a --ioengine=psync --iodepth=1 --filename="${shards[5]:-${shards[1]}}" --size=1G
   fio_one uring8 --name=a --ioengine=io_uring --iodepth=8 --filename="${shards[6]:-${shards[2]}}" --size=1G
   fio_one psync4 --ioengine=psync --thread --numjobs=4 --size=256M --offset_increment=256M --name=a --filename="${shards[7]:-${shards[3]}}"
+  # the engine reads the same bytes every token: the last shards by name (late layers, lm head,
+  # their experts: what a streamed run reads) read twice in a row, three jobs at QD 32; the second pass is what a re-read gets
+  # (on a VM whose disk is a file of the host, the host's page cache serves part of it)
+  mapfile -t last < <(ls "$MODEL"/*.safetensors | tail -n 3) # the last shards by name
+  for pass in 1 2; do
+    fio_one "reread-pass$pass" --ioengine=libaio --iodepth=32 --name=a --filename="${last[0]}" --name=b --filename="${last[1]}" \
+      --name=c --filename="${last[2]}"
+  done
 else
   log "no fio: dd O_DIRECT"
   s=$(dd if="${shards[0]}" of=/dev/null bs=4M count=512 iflag=direct 2>&1 | sed -n 's/.* copied, \([0-9.]*\) s, .*/\1/p')
@@ -67,17 +75,28 @@ run() { # tag, binary, flags
   /usr/bin/time -v "$bin" "$MODEL" --ids "$IDS" --gen "$GEN" --workers 0 --threads "$THREADS" --mem-gb "$MEM_GB" "$@" \
     --json "$OUT/$tag.json" > "$OUT/$tag.out" 2> "$OUT/$tag.err" || log "$tag failed: $(tail -n 2 "$OUT/$tag.err")"
 }
+probe() { # a short fio (1 GiB, QD 32) between runs: the device's rate next to each run
+  command -v fio > /dev/null || return 0
+  fio --readonly --direct=1 --rw=read --bs=4M --ioengine=libaio --iodepth=32 --size=1G --name=p \
+    --filename="${shards[$1 % ${#shards[@]}]}" --output-format=json > "$OUT/probe$1.json" 2> /dev/null || rm -f "$OUT/probe$1.json"
+}
+np=0
+probe $np
 for p in $(seq 1 "$PAIRS"); do
   # shellcheck disable=SC2086
   run "before$p" "$BASE_K3" $BASE_FLAGS
+  np=$((np + 1)); probe $np
   # shellcheck disable=SC2086
   run "after$p" "$K3" $NEW_FLAGS
+  np=$((np + 1)); probe $np
 done
 if command -v fio > /dev/null && [ "${#shards[@]}" -ge 4 ]; then
   log "device ceiling again, after the runs"
   fio_one qd32 --name=a --ioengine=libaio --iodepth=32 --filename="${shards[1]}"
   fio_one qd8x4 --ioengine=libaio --iodepth=8 --name=a --filename="${shards[0]}" --name=b --filename="${shards[3]}" \
     --name=c --filename="${shards[2]}" --name=d --filename="${shards[5]:-${shards[1]}}"
+  fio_one reread-pass2 --ioengine=libaio --iodepth=32 --name=a --filename="${last[0]}" --name=b --filename="${last[1]}" \
+    --name=c --filename="${last[2]}"
 fi
 uptime > "$OUT/uptime1"
 $PY - "$OUT" "$PAIRS" "$MEM_GB" "$BASE_FLAGS" "$NEW_FLAGS" << 'PYEOF'
@@ -92,10 +111,18 @@ print("| device ceiling (O_DIRECT, 4 MiB) | GB/s (best) | GB read | every measur
 print("|---|---|---|---|")
 for k, v in dev.items(): print("| %s | %.2f | %.1f | %s |" % (k, v["gbs"], v["gb"], ", ".join("%.2f" % g for n, g in allm if n == k)))
 print()
-print("| run | flags | s/token | reads GB/s (prefill + decode) | of ceiling %.2f | trunk wait s | expert wait s | recall | hinted / used / wasted | peak RSS GiB | ids |" % ceil)
-print("|---|---|---|---|---|---|---|---|---|---|---|")
+def probe(i):
+    f = os.path.join(out, "probe%d.json" % i)
+    if not os.path.exists(f): return None
+    j = json.load(open(f)); return j["jobs"][0]["read"]["bw_bytes"] / 1e9
+print()
+print("| run | flags | s/token | reads GB/s (prefill + decode) | of ceiling %.2f | fio QD 32 just before / after it, GB/s | of the better of those | trunk wait s | expert wait s | recall | hinted / used / wasted | peak RSS GiB | ids |" % ceil)
+print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+k = 0
 for p in range(1, pairs + 1):
     for tag, fl in (("before%d" % p, bflags), ("after%d" % p, nflags)):
+        pa, pb = probe(k), probe(k + 1); k += 1
+        near = max([x for x in (pa, pb) if x] or [0])
         f = os.path.join(out, tag + ".json")
         if not os.path.exists(f): print("| %s | %s | failed |" % (tag, fl)); continue
         j = json.load(open(f)); t, m = j["timing"], j["memory"]; pf = j.get("prefetch", {})
@@ -105,8 +132,9 @@ for p in range(1, pairs + 1):
         rate = rd / tot / 1e9 if tot else 0
         hint = "%s / %s / %s" % (pf.get("hint_reads", "-"), pf.get("hint_hits", "-"), pf.get("hint_wasted", "-")) if pf.get("mode") == "on" else "-"
         rec = "%.3f" % pf["recall"] if pf.get("recall") is not None else "-"
-        print("| %s | `%s` | %.3f | %.2f | %.0f %% | %s | %s | %s | %s | %.2f | %s |" % (
+        print("| %s | `%s` | %.3f | %.2f | %.0f %% | %s / %s | %s | %s | %s | %s | %s | %.2f | %s |" % (
             tag, fl or "(defaults)", spt, rate, 100 * rate / ceil if ceil else 0,
+            "%.2f" % pa if pa else "-", "%.2f" % pb if pb else "-", "%.0f %%" % (100 * rate / near) if near else "-",
             "%.1f" % m["trunk_read_wait_s"] if "trunk_read_wait_s" in m else "-",
             "%.1f" % m["expert_read_wait_s"] if "expert_read_wait_s" in m else "-",
             rec, hint, m["peak_rss_total_bytes"] / 2**30, " ".join(map(str, j["generated_ids"]))))

@@ -565,6 +565,7 @@ static int cache_prefetch(void *ctx, int layer, const int32_t *experts, size_t n
     qsort(ms, nm, sizeof *ms, cmp_miss); /* issue reads in file-offset order */
     int failed = 0;
     k3_error first = {0};
+    double t0 = k3_now_s();
 #pragma omp parallel for schedule(static, 1)
     for (size_t i = 0; i < nm; i++) {
         k3_error e = {0};
@@ -576,6 +577,7 @@ static int cache_prefetch(void *ctx, int layer, const int32_t *experts, size_t n
             }
         }
     }
+    c->stats.read_wait_s += k3_now_s() - t0;
     for (size_t i = 0; i < nm; i++) {
         cache_slot *s = ms[i].slot;
         if (failed) { s->state = SLOT_EMPTY; s->pins = 0; continue; }
@@ -616,7 +618,10 @@ static int cache_acquire(void *ctx, int layer, int expert, expert_weights *w, k3
         if (!s) return k3_fail(err, "expert cache: every slot is in use");
         *s = (cache_slot){.state = SLOT_READING, .pins = 1, .layer = layer, .expert = expert, .buf = s->buf};
         open_direct_fds(c, loc);
-        if (read_expert(c, s, loc, c->direct_ok, err)) { s->state = SLOT_EMPTY; s->pins = 0; return -1; }
+        double t0 = k3_now_s();
+        int rc = read_expert(c, s, loc, c->direct_ok, err);
+        c->stats.read_wait_s += k3_now_s() - t0;
+        if (rc) { s->state = SLOT_EMPTY; s->pins = 0; return -1; }
         s->state = SLOT_READY;
         c->stats.misses++;
         c->stats.bytes_read += c->st->expert_bytes;

@@ -1,9 +1,8 @@
 /* kernels_avx2.c - AVX2 dot products of the exact kernel contract (kernels.h):
  * the 8 double lanes live in two __m256d (lanes 0-3 and 4-7); products are formed
- * exactly in double (dense single-row dots multiply, then add; the row-block
- * kernels and MXFP4 use FMA, the same bits because every product is exact), tails add
- * +0.0 to the empty lanes, and the lanes are reduced in the fixed order of
- * k3_reduce8. Single-row dots plus K3_ROWBLOCK-row kernels (f32, bf16, MXFP4)
+ * exactly in double and added with FMA (the same bits as multiply-then-add because
+ * every product is exact), tails add +0.0 to the empty lanes, and the lanes are
+ * reduced in the fixed order of k3_reduce8. Single-row dots plus K3_ROWBLOCK-row kernels (f32, bf16, MXFP4)
  * running the same per-row operations interleaved. Compiled with -mavx2 -mfma. */
 #include "common/kernels_impl.h"
 
@@ -17,14 +16,15 @@ static inline float reduce256(__m256d a, __m256d b) {
     return k3_reduce8(l);
 }
 
-/* acc{0,1} += w * x for 8 floats already widened from memory. */
+/* acc{0,1} += w * x for 8 floats already widened from memory, with FMA: the double product
+ * of two floats is exact, so fma rounds once exactly as the add does (the same bits). */
 #define K3_ACC8(wf, xf)                                                                                   \
     do {                                                                                                  \
         __m256 w8_ = (wf), x8_ = (xf);                                                                    \
-        a0 = _mm256_add_pd(a0, _mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(w8_)),                \
-                                             _mm256_cvtps_pd(_mm256_castps256_ps128(x8_))));              \
-        a1 = _mm256_add_pd(a1, _mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(w8_, 1)),              \
-                                             _mm256_cvtps_pd(_mm256_extractf128_ps(x8_, 1))));            \
+        a0 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(w8_)),                                \
+                             _mm256_cvtps_pd(_mm256_castps256_ps128(x8_)), a0);                           \
+        a1 = _mm256_fmadd_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(w8_, 1)),                              \
+                             _mm256_cvtps_pd(_mm256_extractf128_ps(x8_, 1)), a1);                         \
     } while (0)
 
 float k3_dot_f32_avx2(const float *w, const float *x, size_t n) {

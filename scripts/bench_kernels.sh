@@ -35,7 +35,7 @@ trap 'rm -f "$section" "$section.new"' EXIT
   echo
   echo "- The numerics contract fixes the work: every product is formed in double and each of the 8"
   echo "  lanes is one sequential chain of double adds, so a single row's dot cannot go faster than 8"
-  echo "  elements per add latency. The drivers therefore interleave 4 rows (AVX-512 and AVX2, dense and"
+  echo "  elements per add latency. The drivers therefore interleave 8 rows at one token (AVX2: two 4-row halves; dense and"
   echo "  MXFP4) and, from 4 tokens on (AVX2 and AVX-512 levels), use the multi-token kernels"
   echo "  (common/kernels_gemm_avx2.c: 3 rows x 4 tokens of 4-wide FMA chains in registers, weights"
   echo "  decoded to double once per 16-token block, activations once per 24-row tile;"

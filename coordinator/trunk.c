@@ -136,7 +136,7 @@ static int read_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
                 t->place(t->place_ctx, ub->buf + at + (t->direct_ok ? u->e[j]->t->begin % IO_ALIGN : 0), u->w[j]->rows,
                             (size_t)(n / u->w[j]->rows), i >= t->n_pinned);
             int dfd = t->direct_ok ? t->direct_fd[u->e[j]->shard] : -1;
-            if (t->pool && dfd >= 0 && i >= t->n_pinned) { /* streamed units; the pinned load reads as before */
+            if (t->pool && dfd >= 0) {
                 snprintf(what[j], sizeof what[j], "tensor '%s'", u->e[j]->name);
                 rd[j] = (dr_read){.path = m->ck.shards[u->e[j]->shard].file.path, .dfd = dfd, .bfd = -1,
                                   .off = u->e[j]->t->begin, .len = n, .buf = ub->buf + at, .what = what[j]};
@@ -168,7 +168,7 @@ static int read_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
         t->place(t->place_ctx, ub->buf + (t->direct_ok ? (m->lm_head_entry->t->begin + r0 * row_bytes) % IO_ALIGN : 0), rows,
                  row_bytes, i >= t->n_pinned);
     int dfd = t->direct_ok ? t->direct_fd[m->lm_head_entry->shard] : -1, done = 0;
-    if (t->pool && dfd >= 0 && i >= t->n_pinned) {
+    if (t->pool && dfd >= 0) {
         char what[300];
         snprintf(what, sizeof what, "tensor '%s'", m->lm_head_entry->name);
         dr_read rd = {.path = m->ck.shards[m->lm_head_entry->shard].file.path, .dfd = dfd, .bfd = -1,
@@ -290,8 +290,11 @@ trunk *trunk_create_placed(k3_model *m, const trunk_config *tc, trunk_place_fn p
         }
         t->pinned_bytes += n;
     }
-    /* Two readers at once: while one waits for the device, the other's first touch of
-     * fresh memory (the kernel clearing the pages it reads into) proceeds. */
+    /* Two units at once, each with all its matrices in flight through the read pool when
+     * there is one (--read-threads; else one synchronous reader per unit): while reads wait
+     * for the device, other reads' first touch of fresh memory (the kernel clearing the
+     * pages they read into) proceeds. Measured on rw6 (docs/PERFORMANCE.md "Loading"): the
+     * same rate as two synchronous readers on this VM, the device's. */
     int failed = 0, done = 0;
 #pragma omp parallel for schedule(dynamic, 1) num_threads(2)
     for (int i = 0; i < t->n_pinned; i++) {

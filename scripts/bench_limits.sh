@@ -94,7 +94,7 @@ ids_of() {
 run() {
   local name=$1 bin=$2
   shift 2
-  log "run $name: $bin $MODEL $*"
+  log "run $name: $bin $MODEL $(echo "$*" | sed -E 's/--ids ([0-9]+,){8,}[0-9]+/--ids <a prompt of many ids>/')"
   "$bin" "$MODEL" "$@" --json "$out/$name.json" > "$out/$name.ids" 2> "$out/$name.err" ||
     { log "run $name failed: $(tail -n 3 "$out/$name.err")"; rm -f "$out/$name.json"; }
 }

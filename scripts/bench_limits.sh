@@ -38,7 +38,8 @@ if [ -z "${BENCH_LOCK:-}" ]; then
   if [ -d /work ]; then BENCH_LOCK=/work/bench.lock; else BENCH_LOCK=/tmp/k3-bench.lock; fi
 fi
 [ -f "$MODEL/config.json" ] || { echo "bench_limits: no model at $MODEL (make bench-model)" >&2; exit 2; }
-[ -x "$K3" ] && [ -x bin/bench_kernels ] || make -s bin/k3 bin/bench_kernels
+make -s bin/bench_kernels # always this tree's (an older one lacks ceilings the report reads)
+[ -x "$K3" ] || make -s bin/k3
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 NT=$(nproc)
 out=$(mktemp -d)
@@ -232,7 +233,7 @@ for who in ["new"] + (["base"] if base_k3 else []):
             # which is not what a load into memory that was free for a while meets
             ftc = c0.get(("first_touch_gbs", nt), 0)
             lim = min(x for x in (fio_gbs, ftc, float("inf")) if x > 0)
-            lim_what = "first touch" if ftc and ftc < fio_gbs else "device"
+            lim_what = "first touch" if ftc and ftc < fio_gbs else "device" if ftc else "device; first touch not measured"
             ew = j["memory"].get("expert_read_wait_s")
             ew = f" (the run waited {ew:.1f} s for expert reads on first use)" if ew is not None else ""
             rows.append((label, f"time to first token (8-id prompt): load_s + prefill_s{ew}", f"{t['load_s']:.1f} + {t['prefill_s']:.1f} s",

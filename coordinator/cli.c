@@ -196,7 +196,7 @@ static const cli_flag FLAGS[] = {
     {"expert-cache-policy", "P", CLI_FN, 0, 0, 0, set_policy, "phit",
      "`lru`, `lfu` or `phit` (predicted hit, chosen by trace simulation; see docs/PERFORMANCE.md); never changes the ids"},
     {"read-threads", "N", CLI_LONG, OFF(read_threads), 0, 256, NULL, "4",
-     "reads in flight: reader threads of the trunk streamer (streamed units) and of every expert cache (in-process "
+     "reads in flight: reader threads of the trunk (its pinned load and streamed units) and of every expert cache (in-process "
      "and in each server), each read cut in 4 MiB pieces so one large read keeps N preads at the device (an NVMe's "
      "queue depth); `0`: one synchronous pread at a time"},
     {"expert-prefetch", "off|predict|on", CLI_FN, 0, 0, 0, set_prefetch, "off",

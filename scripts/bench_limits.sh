@@ -166,9 +166,20 @@ n_moe = tc["num_hidden_layers"] - tc.get("first_k_dense_replace", 0)
 L = tc.get("routed_expert_hidden_size", tc["hidden_size"])
 expert_macs = n_moe * tc["num_experts_per_token"] * 3 * tc["moe_intermediate_size"] * L
 dec_bytes = bf16_trunk + bf16_lm
-# per prompt token beyond the first chunk (no lm head); attention's own products are left out:
-# at 512 positions MLA's scores and values and KDA's state updates are under 2 % of this
+# per prompt token beyond the first chunk (no lm head): the matmuls (trunk, routed experts)
 pre_flop = 2 * (bf16_trunk / 2 + expert_macs)
+# plus attention's own products, as the engine computes them: MLA in the latent space (scores
+# over kv_lora_rank + rope dims and values over kv_lora_rank, per head, per position attended)
+# and KDA's state update and read-out (16 flops per state element per token)
+la = tc.get("linear_attn_config") or {}
+n_mla = len(la["full_attn_layers"]) if la else tc["num_hidden_layers"]
+n_kda = len(la.get("kda_layers", []))
+mla_flop_per_pos = 2 * n_mla * tc["num_attention_heads"] * (2 * tc["kv_lora_rank"] + tc["qk_rope_head_dim"])
+kda_flop_per_tok = 16 * n_kda * la.get("num_heads", 0) * la.get("head_dim", 0) ** 2
+
+def pre_flop_of(N):
+    """FLOP per prompt token of tokens 8..N-1 of an N-id prompt (token p attends to p + 1 positions)"""
+    return pre_flop + kda_flop_per_tok + mla_flop_per_pos * (N + 9) / 2
 
 def load(name):
     p = f"{out}/{name}.json"
@@ -191,7 +202,8 @@ model_name = subprocess.run(["sh", "-c", "lscpu | sed -n 's/^Model name:[[:space
 print(f"Machine: {model_name}, {nt} threads, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, "
       f"Linux {platform.release()}. Load average before {load0}, after {load1}.")
 print(f"Model: `{model}` ({bf16_trunk/1e9:.2f} GB trunk + {bf16_lm/1e9:.2f} GB lm head bf16 read per decode token, "
-      f"{expert_macs/1e9:.2f} G exact MXFP4 multiply-adds per token; prefill {pre_flop/1e9:.2f} GFLOP per prompt token).")
+      f"{expert_macs/1e9:.2f} G exact MXFP4 multiply-adds per token; prefill {pre_flop/1e9:.2f} GFLOP of matmuls per prompt token, "
+      f"plus attention: {kda_flop_per_tok/1e9:.3f} GFLOP of KDA and {mla_flop_per_pos/1e6:.3f} MFLOP of MLA per position attended).")
 print(f"Command: `make bench-limits` (scripts/bench_limits.sh; K3={k3}{', BASE_K3=' + base_k3 if base_k3 else ''}).\n")
 print("| ceiling | 1 thread | %d threads |" % nt)
 print("|---|---|---|")
@@ -248,13 +260,14 @@ for who in ["new"] + (["base"] if base_k3 else []):
         if not (jN and j8) or N <= 8:
             continue
         extra = (jN["timing"]["prefill_s"] - j8["timing"]["prefill_s"]) / (N - 8)
-        g = pre_flop / extra / 1e9 if extra > 0 else float("nan")
+        fN = pre_flop_of(N)
+        g = fN / extra / 1e9 if extra > 0 else float("nan")
         rows.append((label, f"prefill, s per prompt token ({N} vs 8 ids), {nt} threads", f"{extra:.3f}",
                      f"{g:.1f} GFLOP/s vs peak {cl[('fma_peak_gflops', nt)]:.1f}", f"{100 * g / cl[('fma_peak_gflops', nt)]:.0f} %", ""))
         cN, c8 = jN["timing"].get("prefill_cpu_s"), j8["timing"].get("prefill_cpu_s")
         if cN and c8:
             xc = (cN - c8) / (N - 8) / nt
-            gc = pre_flop / xc / 1e9 if xc > 0 else float("nan")
+            gc = fN / xc / 1e9 if xc > 0 else float("nan")
             rows.append((label, f"prefill, CPU s per prompt token / threads ({N} vs 8 ids), {nt} threads", f"{xc:.3f}",
                          f"{gc:.1f} GFLOP/s vs peak {cl[('fma_peak_gflops', nt)]:.1f}", f"{100 * gc / cl[('fma_peak_gflops', nt)]:.0f} %", ""))
     for tag, what in (("stream", ""), ("streampf", ", --expert-prefetch on")):

@@ -117,6 +117,41 @@ static int check_finite(const trunk *t, const ckpt_entry *e, const void *p, size
                    t->m->ck.shards[e->shard].file.path, first + i);
 }
 
+/* A region read through the pool (several reads in flight): pooled_submit starts bytes
+ * [off, off+len) of tensor e into dst when there is a pool and the shard reads O_DIRECT
+ * (else it leaves rd->buf NULL); pooled_finish waits for it, and reads through read_region
+ * what was not submitted or whose alignment the kernel refused. rd and its `what` stay
+ * untouched between the two. */
+typedef struct {
+    dr_read rd;
+    char what[300];
+} pooled_read;
+
+static void pooled_submit(trunk *t, const ckpt_entry *e, uint64_t off, uint64_t len, uint8_t *dst, pooled_read *pr) {
+    int dfd = t->direct_ok ? t->direct_fd[e->shard] : -1;
+    pr->rd.buf = NULL;
+    if (!t->pool || dfd < 0) return;
+    snprintf(pr->what, sizeof pr->what, "tensor '%s'", e->name);
+    pr->rd = (dr_read){.path = t->m->ck.shards[e->shard].file.path, .dfd = dfd, .bfd = -1, .off = e->t->begin + off,
+                       .len = len, .buf = dst, .what = pr->what};
+    dr_submit(t->pool, &pr->rd, 0);
+}
+
+static int pooled_finish(trunk *t, const ckpt_entry *e, uint64_t off, uint64_t len, uint8_t *dst, pooled_read *pr,
+                         const void **data, k3_error *err) {
+    if (pr->rd.buf) {
+        if (dr_wait(t->pool, &pr->rd) == 0) {
+            *data = pr->rd.data;
+            return 0;
+        }
+        if (!pr->rd.direct_refused) {
+            *err = pr->rd.err;
+            return -1;
+        }
+    }
+    return read_region(t, e, off, len, dst, data, err);
+}
+
 /* Reads walk unit i into ub (its buffer sized by walk_buffer_bytes); the first
  * read of each unit also checks every value is finite (one pass over bytes in
  * cache, once per unit and run: pinned units at load, streamed ones on the first pass). */
@@ -126,35 +161,29 @@ static int read_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
     int check = !t->checked[i];
     if (i < m->n_units) {
         const trunk_unit *u = &m->units[i];
-        dr_read rd[UNIT_MAX_TENSORS];
-        int sub[UNIT_MAX_TENSORS] = {0};
-        char what[UNIT_MAX_TENSORS][300];
-        /* every matrix of the unit in flight at once (O_DIRECT through the pool), then the checks */
+        pooled_read pr[UNIT_MAX_TENSORS];
+        /* every matrix of the unit in flight at once (through the pool, if any), then the checks */
         for (int j = 0; j < u->n; j++) {
             uint64_t n = u->e[j]->t->end - u->e[j]->t->begin;
             if (t->place && u->w[j]->rows) /* where the data will start: the O_DIRECT window keeps the offset in a page */
                 t->place(t->place_ctx, ub->buf + at + (t->direct_ok ? u->e[j]->t->begin % IO_ALIGN : 0), u->w[j]->rows,
                             (size_t)(n / u->w[j]->rows), i >= t->n_pinned);
-            int dfd = t->direct_ok ? t->direct_fd[u->e[j]->shard] : -1;
-            if (t->pool && dfd >= 0) {
-                snprintf(what[j], sizeof what[j], "tensor '%s'", u->e[j]->name);
-                rd[j] = (dr_read){.path = m->ck.shards[u->e[j]->shard].file.path, .dfd = dfd, .bfd = -1,
-                                  .off = u->e[j]->t->begin, .len = n, .buf = ub->buf + at, .what = what[j]};
-                dr_submit(t->pool, &rd[j], 0);
-                sub[j] = 1;
-            }
+            pooled_submit(t, u->e[j], 0, n, ub->buf + at, &pr[j]);
             at += region_bytes(n);
         }
         int rc = 0;
         at = 0;
-        for (int j = 0; j < u->n; j++) {
+        for (int j = 0; j < u->n; j++) { /* every submitted read is waited for, even after a failure */
             uint64_t n = u->e[j]->t->end - u->e[j]->t->begin;
-            if (sub[j]) {
-                if (dr_wait(t->pool, &rd[j]) == 0) ub->data[j] = rd[j].data;
-                else if (!rd[j].direct_refused) { if (!rc) *err = rd[j].err; rc = -1; }
-                else sub[j] = 0; /* the alignment was refused: buffered below */
+            k3_error e = {0};
+            if (rc && !pr[j].rd.buf) { /* failed already: no further reads of our own */
+                at += region_bytes(n);
+                continue;
             }
-            if (!rc && !sub[j] && read_region(t, u->e[j], 0, n, ub->buf + at, &ub->data[j], err)) rc = -1;
+            if (pooled_finish(t, u->e[j], 0, n, ub->buf + at, &pr[j], &ub->data[j], &e) && !rc) {
+                *err = e;
+                rc = -1;
+            }
             if (!rc && check && check_finite(t, u->e[j], ub->data[j], n / st_dtype_size(u->e[j]->t->dtype), 0, err)) rc = -1;
             at += region_bytes(n);
         }
@@ -167,19 +196,10 @@ static int read_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
     if (t->place)
         t->place(t->place_ctx, ub->buf + (t->direct_ok ? (m->lm_head_entry->t->begin + r0 * row_bytes) % IO_ALIGN : 0), rows,
                  row_bytes, i >= t->n_pinned);
-    int dfd = t->direct_ok ? t->direct_fd[m->lm_head_entry->shard] : -1, done = 0;
-    if (t->pool && dfd >= 0) {
-        char what[300];
-        snprintf(what, sizeof what, "tensor '%s'", m->lm_head_entry->name);
-        dr_read rd = {.path = m->ck.shards[m->lm_head_entry->shard].file.path, .dfd = dfd, .bfd = -1,
-                      .off = m->lm_head_entry->t->begin + (uint64_t)r0 * row_bytes, .len = (uint64_t)rows * row_bytes,
-                      .buf = ub->buf, .what = what};
-        dr_submit(t->pool, &rd, 0);
-        if (dr_wait(t->pool, &rd) == 0) { ub->data[0] = rd.data; done = 1; }
-        else if (!rd.direct_refused) { *err = rd.err; return -1; }
-    }
-    if (!done && read_region(t, m->lm_head_entry, (uint64_t)r0 * row_bytes, (uint64_t)rows * row_bytes, ub->buf, &ub->data[0], err))
-        return -1;
+    pooled_read pr;
+    uint64_t off = (uint64_t)r0 * row_bytes, len = (uint64_t)rows * row_bytes;
+    pooled_submit(t, m->lm_head_entry, off, len, ub->buf, &pr);
+    if (pooled_finish(t, m->lm_head_entry, off, len, ub->buf, &pr, &ub->data[0], err)) return -1;
     size_t E = (size_t)m->cfg.hidden_size;
     if (check && check_finite(t, m->lm_head_entry, ub->data[0], rows * E, r0 * E, err)) return -1;
     t->checked[i] = 1;

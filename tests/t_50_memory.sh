@@ -12,9 +12,7 @@ PY="${PYTHON:-/usr/bin/python3}"
 T="${K3_TEST_TMP:-$(mktemp -d)}/memory"
 mkdir -p "$T"
 fail() { echo "FAIL: $*"; exit 1; }
-jget() { $PY -c "import json,sys; d=json.load(open(sys.argv[1]))
-for k in sys.argv[2].split('.'): d=d[k]
-print(d)" "$1" "$2"; }
+. tests/lib.sh # jget
 
 for name in m13 m14b12; do
   M=tests/models/$name

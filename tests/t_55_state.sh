@@ -29,9 +29,7 @@ rm -rf "$T" && mkdir -p "$T"
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails+1)); }
 ok() { echo "ok: $*"; }
-jget() { $PY -c "import json,sys; d=json.load(open(sys.argv[1]))
-for k in sys.argv[2].split('.'): d=d[k]
-print(d)" "$1" "$2"; }
+. tests/lib.sh # jget
 prompt_of() { $PY -c "import json; print(','.join(map(str, json.load(open('tests/expected/$1.json'))['prompt_ids'])))"; }
 floor_gb() { $PY -c "import math; print('%.9f' % (math.ceil($1 / 2**30 * 1e9) / 1e9))"; }
 

@@ -63,6 +63,12 @@ struct expert_cache {
     expert_cache_stats stats;
     uint8_t *arena;
     size_t arena_bytes;
+    /* lookups without a scan (a resident K3 server holds tens of thousands of slots) */
+    uint32_t *slot_of;    /* [n_layers * n_experts]: 1 + the index of the slot last given that key, 0 none;
+                           * a hint, checked against the slot (at most one non-EMPTY slot holds a key) */
+    size_t n_empty;       /* EMPTY slots */
+    size_t empty_lo;      /* no slot below this index is EMPTY */
+    size_t hints_out;     /* slots with the hint flag set */
     /* policy state */
     cache_policy policy;
     int n_layers, n_experts;
@@ -107,10 +113,12 @@ expert_cache *expert_cache_create(const expert_store *st, checkpoint *ck, uint64
     c->direct_fd = malloc((size_t)ck->n_shards * sizeof *c->direct_fd);
     c->keys = calloc((size_t)st->n_layers * (size_t)st->n_experts + 1, sizeof *c->keys);
     c->in_request = calloc((size_t)st->n_experts + 1, 1);
+    c->slot_of = calloc((size_t)st->n_layers * (size_t)st->n_experts + 1, sizeof *c->slot_of);
+    c->n_empty = c->n_slots;
     c->arena_bytes = c->n_slots * sb;
     if (node >= 0 && numa_available() >= 0) c->arena = numa_alloc_onnode(c->arena_bytes, node);
     else c->arena = weight_mem_alloc(c->arena_bytes); /* 2 MiB aligned, huge pages */
-    if (!c->slots || !c->direct_fd || !c->arena || !c->keys || !c->in_request) {
+    if (!c->slots || !c->direct_fd || !c->arena || !c->keys || !c->in_request || !c->slot_of || c->n_slots >= UINT32_MAX) {
         k3_fail(err, "cannot allocate an expert cache of %zu slots (%llu bytes)", c->n_slots, (unsigned long long)c->arena_bytes);
         expert_cache_free(c);
         return NULL;
@@ -135,6 +143,7 @@ void expert_cache_free(expert_cache *c) {
     free(c->direct_fd);
     free(c->keys);
     free(c->in_request);
+    free(c->slot_of);
     free(c);
 }
 
@@ -315,19 +324,41 @@ static evict_key evict_key_of(expert_cache *c, const cache_slot *s) {
     }
 }
 
-static cache_slot *find(expert_cache *c, int layer, int expert) {
-    for (size_t i = 0; i < c->n_slots; i++)
-        if (c->slots[i].state == SLOT_READY && c->slots[i].layer == layer && c->slots[i].expert == expert) return &c->slots[i];
-    return NULL;
+/* The slot holding (layer, expert) in any state but EMPTY, or NULL: slot_of's entry, checked
+ * (a slot given another key or emptied since no longer matches). */
+static cache_slot *find_any(expert_cache *c, int layer, int expert) {
+    if (layer < 0 || layer >= c->n_layers || expert < 0 || expert >= c->n_experts) return NULL;
+    uint32_t i = c->slot_of[(size_t)layer * (size_t)c->n_experts + (size_t)expert];
+    if (!i) return NULL;
+    cache_slot *s = &c->slots[i - 1];
+    return s->state != SLOT_EMPTY && s->layer == layer && s->expert == expert ? s : NULL;
 }
 
-/* READY, or READING through the pool (only with readers). */
-static cache_slot *find_any(expert_cache *c, int layer, int expert) {
-    for (size_t i = 0; i < c->n_slots; i++) {
-        cache_slot *s = &c->slots[i];
-        if (s->state != SLOT_EMPTY && s->layer == layer && s->expert == expert) return s;
+/* READY only. */
+static cache_slot *find(expert_cache *c, int layer, int expert) {
+    cache_slot *s = find_any(c, layer, expert);
+    return s && s->state == SLOT_READY ? s : NULL;
+}
+
+/* Slot s becomes EMPTY (a failed read). */
+static void set_empty(expert_cache *c, cache_slot *s) {
+    if (s->state != SLOT_EMPTY) {
+        size_t i = (size_t)(s - c->slots);
+        c->n_empty++;
+        if (i < c->empty_lo) c->empty_lo = i;
     }
-    return NULL;
+    if (s->hint) c->hints_out--;
+    s->state = SLOT_EMPTY;
+    s->pins = 0;
+    s->hint = s->evict_first = 0;
+}
+
+/* A hinted slot is used: it is an ordinary slot from now on. */
+static void hint_used(expert_cache *c, cache_slot *s) {
+    if (!s->hint) return;
+    s->hint = s->evict_first = 0;
+    c->hints_out--;
+    c->stats.hint_hits++;
 }
 
 /* An EMPTY slot, else among READY unpinned slots: a hint its request did not ask for, then the
@@ -337,9 +368,11 @@ static cache_slot *victim_for(expert_cache *c, int for_hint) {
     cache_slot *best = NULL;
     evict_key bk = {0};
     int bc = 0;
+    if (c->n_empty) /* the first EMPTY slot in index order, found from the cursor */
+        for (size_t i = c->empty_lo; i < c->n_slots; i++)
+            if (c->slots[i].state == SLOT_EMPTY) { c->empty_lo = i; return &c->slots[i]; }
     for (size_t i = 0; i < c->n_slots; i++) {
         cache_slot *s = &c->slots[i];
-        if (s->state == SLOT_EMPTY) return s;
         if (s->state != SLOT_READY || s->pins != 0) continue;
         int cls = s->evict_first ? 0 : s->hint ? 2 : 1;
         if (for_hint && cls == 2) continue;
@@ -354,7 +387,10 @@ static cache_slot *victim(expert_cache *c) { return victim_for(c, 0); }
 /* The slot s is taken for (layer, expert): a hint never used counts as wasted. */
 static void take(expert_cache *c, cache_slot *s, int layer, int expert, int pins) {
     if (s->state == SLOT_READY && s->hint) c->stats.hint_wasted++;
+    if (s->hint) c->hints_out--;
+    if (s->state == SLOT_EMPTY) c->n_empty--;
     *s = (cache_slot){.state = SLOT_READING, .pins = pins, .layer = layer, .expert = expert, .buf = s->buf};
+    c->slot_of[(size_t)layer * (size_t)c->n_experts + (size_t)expert] = (uint32_t)(s - c->slots) + 1;
 }
 
 static void open_direct_fds(expert_cache *c, const expert_loc *loc) {
@@ -393,7 +429,7 @@ static int start_read(expert_cache *c, cache_slot *s, const expert_loc *loc, int
     double t0 = k3_now_s();
     int rc = read_expert(c, s, loc, c->direct_ok, err);
     c->stats.read_wait_s += k3_now_s() - t0;
-    if (rc) { s->state = SLOT_EMPTY; s->pins = 0; return -1; }
+    if (rc) { set_empty(c, s); return -1; }
     s->state = SLOT_READY;
     return 0;
 }
@@ -414,9 +450,7 @@ static int finish_read(expert_cache *c, cache_slot *s, k3_error *err) {
         c->stats.read_wait_s += k3_now_s() - t0;
         if (rc == 0) { s->state = SLOT_READY; return 0; }
     } else k3_fail(err, "%s", s->rd.err.msg);
-    s->state = SLOT_EMPTY;
-    s->pins = 0;
-    s->hint = s->evict_first = 0;
+    set_empty(c, s);
     return -1;
 }
 
@@ -440,7 +474,7 @@ static void pump(expert_cache *c) {
         int e = c->req[c->req_next];
         cache_slot *s = find_any(c, c->req_layer, e);
         if (s) {
-            if (s->pins == 0) { s->pins++; c->stats.hits++; if (s->hint) { s->hint = s->evict_first = 0; c->stats.hint_hits++; } }
+            if (s->pins == 0) { s->pins++; c->stats.hits++; hint_used(c, s); }
             c->req_next++;
             continue;
         }
@@ -462,12 +496,14 @@ static int prefetch_async(expert_cache *c, int layer, const int32_t *experts, si
         if (!expert_store_loc(c->st, layer, experts[i]))
             return k3_fail(err, "expert %d of layer %d is not owned by this worker", experts[i], layer);
     /* hints of this layer that the request does not ask for go first */
-    for (size_t i = 0; i < n; i++) c->in_request[experts[i]] = 1;
-    for (size_t i = 0; i < c->n_slots; i++) {
-        cache_slot *s = &c->slots[i];
-        if (s->state != SLOT_EMPTY && s->hint && s->layer == layer && !c->in_request[s->expert]) s->evict_first = 1;
+    if (c->hints_out) {
+        for (size_t i = 0; i < n; i++) c->in_request[experts[i]] = 1;
+        for (size_t i = 0; i < c->n_slots; i++) {
+            cache_slot *s = &c->slots[i];
+            if (s->state != SLOT_EMPTY && s->hint && s->layer == layer && !c->in_request[s->expert]) s->evict_first = 1;
+        }
+        for (size_t i = 0; i < n; i++) c->in_request[experts[i]] = 0;
     }
-    for (size_t i = 0; i < n; i++) c->in_request[experts[i]] = 0;
     c->req_layer = layer;
     c->req_n = n;
     c->req_next = c->req_acq = 0;
@@ -479,7 +515,7 @@ static int prefetch_async(expert_cache *c, int layer, const int32_t *experts, si
         if (!s) continue;
         s->pins++;
         c->stats.hits++;
-        if (s->hint) { s->hint = s->evict_first = 0; c->stats.hint_hits++; }
+        hint_used(c, s);
     }
     /* pass 2: the misses among them, in file-offset order is the pool's business: in acquire order */
     size_t i = 0;
@@ -507,6 +543,7 @@ size_t expert_cache_hint(expert_cache *c, int layer, const int32_t *experts, siz
         if (!s) break;
         take(c, s, layer, experts[i], 0);
         s->hint = 1;
+        c->hints_out++;
         k3_error ignored = {0};
         if (start_read(c, s, loc, 0, &ignored)) continue;
         c->stats.hint_reads++;
@@ -549,16 +586,11 @@ static int cache_prefetch(void *ctx, int layer, const int32_t *experts, size_t n
     }
     /* pass 2: a slot for each miss */
     for (size_t i = 0; i < w; i++) {
-        int dup = 0;
-        for (size_t j = 0; j < c->n_slots && !dup; j++) {
-            const cache_slot *t = &c->slots[j];
-            dup = t->state != SLOT_EMPTY && t->layer == layer && t->expert == experts[i];
-        }
-        if (dup) continue; /* resident (pinned in pass 1) or already being read */
+        if (find_any(c, layer, experts[i])) continue; /* resident (pinned in pass 1) or already being read */
         const expert_loc *loc = expert_store_loc(c->st, layer, experts[i]);
         cache_slot *s = victim(c);
         if (!s) break;
-        *s = (cache_slot){.state = SLOT_READING, .pins = 1, .layer = layer, .expert = experts[i], .buf = s->buf};
+        take(c, s, layer, experts[i], 1);
         open_direct_fds(c, loc);
         ms[nm++] = (miss){s, loc};
     }
@@ -580,7 +612,7 @@ static int cache_prefetch(void *ctx, int layer, const int32_t *experts, size_t n
     c->stats.read_wait_s += k3_now_s() - t0;
     for (size_t i = 0; i < nm; i++) {
         cache_slot *s = ms[i].slot;
-        if (failed) { s->state = SLOT_EMPTY; s->pins = 0; continue; }
+        if (failed) { set_empty(c, s); continue; }
         s->state = SLOT_READY;
         c->stats.misses++;
         c->stats.bytes_read += c->st->expert_bytes;
@@ -603,7 +635,7 @@ static int cache_acquire(void *ctx, int layer, int expert, expert_weights *w, k3
     if (s && s->pins > 0) {
         /* prefetched: its pin passes to this use (counted by the prefetch) */
     } else if (s) {
-        if (s->hint) { s->hint = s->evict_first = 0; c->stats.hint_hits++; }
+        hint_used(c, s);
         s->pins++;
         c->stats.hits++;
     } else if (c->pool) {
@@ -616,12 +648,12 @@ static int cache_acquire(void *ctx, int layer, int expert, expert_weights *w, k3
     } else {
         s = victim(c);
         if (!s) return k3_fail(err, "expert cache: every slot is in use");
-        *s = (cache_slot){.state = SLOT_READING, .pins = 1, .layer = layer, .expert = expert, .buf = s->buf};
+        take(c, s, layer, expert, 1);
         open_direct_fds(c, loc);
         double t0 = k3_now_s();
         int rc = read_expert(c, s, loc, c->direct_ok, err);
         c->stats.read_wait_s += k3_now_s() - t0;
-        if (rc) { s->state = SLOT_EMPTY; s->pins = 0; return -1; }
+        if (rc) { set_empty(c, s); return -1; }
         s->state = SLOT_READY;
         c->stats.misses++;
         c->stats.bytes_read += c->st->expert_bytes;

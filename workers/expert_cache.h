@@ -16,6 +16,10 @@
  * of one prefetch are read in parallel, issued in file-offset order. A short
  * read or I/O error names the shard and offset. Memory comes from the worker's
  * NUMA node when one is given. The cache is used by one thread at a time.
+ * Finding an expert's slot is one index lookup (a resident K3 server holds tens of
+ * thousands of slots, asked several times per expert use); the first EMPTY slot is
+ * found from a cursor; only choosing a policy victim (a miss, when no slot is
+ * EMPTY) scans the slots.
  *
  * Policies (which READY unpinned slot is evicted; they change only speed, never
  * a result). Layers come round once per forward pass (a "cycle"), so experts are

@@ -12,7 +12,10 @@
  *     cache size (the policy changes only speed), with and without readers (several
  *     reads in flight) and hints (half of them wrong); hint accounting; on these
  *     sequences readers give the hit count of the synchronous path (not in general:
- *     expert_cache.h).
+ *     expert_cache.h);
+ *   - a failed read (the shard cut short under the cache) empties its slot: the next
+ *     misses fill the emptied slot before evicting anything, and the expert reads
+ *     right once the file is whole again (with and without readers).
  * Exits non-zero and prints every failure.
  *
  * Replay mode (used by tests/t_45_cache_policy.sh to check the C policies against
@@ -23,6 +26,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/config.h"
 #include "common/wire.h"
@@ -514,6 +518,77 @@ done:
     free(z); free(ref); free(out);
 }
 
+/* A read that fails (the shard is cut short just before expert B) leaves its slot EMPTY and
+ * the cache's bookkeeping whole: with 3 slots, A resident, B failed, the misses C and D take
+ * the two free slots (nothing evicted: {A, C, D} are then 3 hits), and B reads right once the
+ * file is restored. Run on a copy of the model, without and with readers. */
+static void test_failed_read(void) {
+    const char *tmp = getenv("K3_TEST_TMP");
+    char dir[512], cmd[1200];
+    snprintf(dir, sizeof dir, "%s/cache_fail.XXXXXX", tmp && *tmp ? tmp : "/var/tmp");
+    if (!mkdtemp(dir)) { CHECK(0, "mkdtemp %s", dir); return; }
+    snprintf(cmd, sizeof cmd, "cp %s/* '%s'/", MODEL, dir);
+    if (system(cmd) != 0) { CHECK(0, "%s failed", cmd); return; }
+    for (int readers = 0; readers <= 2; readers += 2) {
+        model m;
+        k3_error err = {0};
+        if (model_open(&m, dir, 0, 1, &err)) { CHECK(0, "%s", err.msg); break; }
+        int layer = -1;
+        for (int l = 0; l < m.cfg.num_hidden_layers && layer < 0; l++)
+            if (expert_store_loc(&m.st, l, 0)) layer = l;
+        /* B: the expert stored last (shard, offset) in that layer; A, C, D: three others */
+        int b = 0;
+        for (int e = 1; e < m.cfg.num_experts; e++) {
+            const expert_loc *x = expert_store_loc(&m.st, layer, e), *y = expert_store_loc(&m.st, layer, b);
+            if (x->t[0]->shard > y->t[0]->shard || (x->t[0]->shard == y->t[0]->shard && x->run_begin > y->run_begin)) b = e;
+        }
+        const int a = (b + 1) % 16, c = (b + 2) % 16, d = (b + 3) % 16;
+        const expert_loc *lb = expert_store_loc(&m.st, layer, b);
+        CHECK(lb->contiguous, "expert %d of layer %d is not one run", b, layer);
+        const char *path = m.ck.shards[lb->t[0]->shard].file.path;
+        FILE *f = fopen(path, "rb");
+        long size = -1;
+        if (f && fseek(f, 0, SEEK_END) == 0) size = ftell(f);
+        size_t tail = size > (long)lb->run_begin ? (size_t)size - lb->run_begin : 0;
+        uint8_t *saved = tail ? malloc(tail) : NULL;
+        int ok = f && saved && fseek(f, (long)lb->run_begin, SEEK_SET) == 0 && fread(saved, 1, tail, f) == tail;
+        if (f) fclose(f);
+        expert_cache *ca = ok ? cache_of(&m, 3, CACHE_POLICY_LRU, &err) : NULL;
+        if (!ca) { CHECK(0, "setup (readers %d): %s", readers, ok ? err.msg : "reading the shard"); free(saved); model_close(&m); break; }
+        if (readers) CHECK(expert_cache_set_readers(ca, readers, &err) == 0, "readers: %s", err.msg);
+        expert_source src = expert_cache_source(ca);
+        expert_weights w;
+        request ra = {layer, 1, {a}};
+        CHECK(run_request(ca, &m, &ra, 1, &err) == 0, "readers %d: A: %s", readers, err.msg);
+        CHECK(truncate(path, (off_t)lb->run_begin) == 0, "truncate %s", path);
+        k3_error e2 = {0};
+        CHECK(src.acquire(src.ctx, layer, b, &w, &e2) == -1 && strstr(e2.msg, "model-0000"),
+              "readers %d: a read past the cut must fail naming the shard (got '%s')", readers, e2.msg);
+        f = fopen(path, "r+b");
+        CHECK(f && fseek(f, (long)lb->run_begin, SEEK_SET) == 0 && fwrite(saved, 1, tail, f) == tail && fclose(f) == 0,
+              "restore %s", path);
+        request rc1 = {layer, 1, {c}}, rd = {layer, 1, {d}};
+        CHECK(run_request(ca, &m, &rc1, 1, &err) == 0 && run_request(ca, &m, &rd, 1, &err) == 0, "readers %d: C, D: %s",
+              readers, err.msg);
+        expert_cache_stats s0 = expert_cache_get_stats(ca);
+        int32_t acd[3] = {a, c, d};
+        qsort(acd, 3, sizeof acd[0], cmp_i32);
+        request r3 = {layer, 3, {acd[0], acd[1], acd[2]}};
+        CHECK(run_request(ca, &m, &r3, 1, &err) == 0, "readers %d: {A, C, D}: %s", readers, err.msg);
+        expert_cache_stats s1 = expert_cache_get_stats(ca);
+        CHECK(s0.misses == 3 && s1.hits - s0.hits == 3 && s1.misses == 3,
+              "readers %d: after a failed read the free slots must be used first (misses %llu, then %llu hits %llu misses)",
+              readers, (unsigned long long)s0.misses, (unsigned long long)(s1.hits - s0.hits), (unsigned long long)s1.misses);
+        request rb = {layer, 1, {b}};
+        CHECK(run_request(ca, &m, &rb, 1, &err) == 0, "readers %d: B after the restore: %s", readers, err.msg);
+        expert_cache_free(ca);
+        free(saved);
+        model_close(&m);
+    }
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "note: %s failed\n", cmd);
+}
+
 int main(int argc, char **argv) {
     if (argc > 1) return replay_main(argc, argv);
     model m;
@@ -529,6 +604,7 @@ int main(int argc, char **argv) {
     test_sequences();
     test_identical(&m);
     model_close(&m);
+    test_failed_read();
     printf("%s: %d checks, %d failures\n", check_failures ? "FAIL" : "ok", check_count, check_failures);
     return check_failures ? 1 : 0;
 }

@@ -45,7 +45,7 @@ typedef struct {
     int async;            /* READING through the pool: rd is in flight */
     int hint;             /* read for a hint, not used since */
     int evict_first;      /* a hint its layer's request did not ask for: the first to go */
-    dr_read rd;
+    dr_read *rd;          /* its pool read: c->rds[slot], apart so that a scan of the slots stays dense */
     uint64_t last_use;
     uint8_t *buf;
     const uint8_t *data;  /* start of the expert's bytes inside buf */
@@ -57,6 +57,7 @@ struct expert_cache {
     size_t n_slots;
     uint64_t slot_bytes;
     cache_slot *slots;
+    dr_read *rds;         /* [n_slots] */
     int *direct_fd;       /* per shard: O_DIRECT fd, -1 not opened, -2 refused */
     int node, direct_ok, warned;
     uint64_t clock;
@@ -110,6 +111,7 @@ expert_cache *expert_cache_create(const expert_store *st, checkpoint *ck, uint64
     c->n_experts = st->n_experts;
     c->cur_layer = -1;
     c->slots = calloc(c->n_slots, sizeof *c->slots);
+    c->rds = calloc(c->n_slots ? c->n_slots : 1, sizeof *c->rds);
     c->direct_fd = malloc((size_t)ck->n_shards * sizeof *c->direct_fd);
     c->keys = calloc((size_t)st->n_layers * (size_t)st->n_experts + 1, sizeof *c->keys);
     c->in_request = calloc((size_t)st->n_experts + 1, 1);
@@ -118,13 +120,16 @@ expert_cache *expert_cache_create(const expert_store *st, checkpoint *ck, uint64
     c->arena_bytes = c->n_slots * sb;
     if (node >= 0 && numa_available() >= 0) c->arena = numa_alloc_onnode(c->arena_bytes, node);
     else c->arena = weight_mem_alloc(c->arena_bytes); /* 2 MiB aligned, huge pages */
-    if (!c->slots || !c->direct_fd || !c->arena || !c->keys || !c->in_request || !c->slot_of || c->n_slots >= UINT32_MAX) {
+    if (!c->slots || !c->rds || !c->direct_fd || !c->arena || !c->keys || !c->in_request || !c->slot_of || c->n_slots >= UINT32_MAX) {
         k3_fail(err, "cannot allocate an expert cache of %zu slots (%llu bytes)", c->n_slots, (unsigned long long)c->arena_bytes);
         expert_cache_free(c);
         return NULL;
     }
     for (int s = 0; s < ck->n_shards; s++) c->direct_fd[s] = -1;
-    for (size_t i = 0; i < c->n_slots; i++) c->slots[i].buf = c->arena + i * sb;
+    for (size_t i = 0; i < c->n_slots; i++) {
+        c->slots[i].buf = c->arena + i * sb;
+        c->slots[i].rd = &c->rds[i];
+    }
     return c;
 }
 
@@ -140,6 +145,7 @@ void expert_cache_free(expert_cache *c) {
         else weight_mem_free(c->arena);
     }
     free(c->slots);
+    free(c->rds);
     free(c->direct_fd);
     free(c->keys);
     free(c->in_request);
@@ -389,7 +395,7 @@ static void take(expert_cache *c, cache_slot *s, int layer, int expert, int pins
     if (s->state == SLOT_READY && s->hint) c->stats.hint_wasted++;
     if (s->hint) c->hints_out--;
     if (s->state == SLOT_EMPTY) c->n_empty--;
-    *s = (cache_slot){.state = SLOT_READING, .pins = pins, .layer = layer, .expert = expert, .buf = s->buf};
+    *s = (cache_slot){.state = SLOT_READING, .pins = pins, .layer = layer, .expert = expert, .buf = s->buf, .rd = s->rd};
     c->slot_of[(size_t)layer * (size_t)c->n_experts + (size_t)expert] = (uint32_t)(s - c->slots) + 1;
 }
 
@@ -420,9 +426,9 @@ static int start_read(expert_cache *c, cache_slot *s, const expert_loc *loc, int
     open_direct_fds(c, loc);
     if (c->pool && c->direct_ok && loc->contiguous) {
         int shard = loc->t[0]->shard;
-        s->rd = (dr_read){.path = c->ck->shards[shard].file.path, .dfd = c->direct_fd[shard], .bfd = -1,
+        *s->rd = (dr_read){.path = c->ck->shards[shard].file.path, .dfd = c->direct_fd[shard], .bfd = -1,
                           .off = loc->run_begin, .len = loc->run_end - loc->run_begin, .buf = s->buf};
-        dr_submit(c->pool, &s->rd, urgent);
+        dr_submit(c->pool, s->rd, urgent);
         s->async = 1;
         return 0;
     }
@@ -438,18 +444,18 @@ static int start_read(expert_cache *c, cache_slot *s, const expert_loc *loc, int
 static int finish_read(expert_cache *c, cache_slot *s, k3_error *err) {
     if (s->state != SLOT_READING || !s->async) return 0;
     double t0 = k3_now_s();
-    int rc = dr_wait(c->pool, &s->rd);
+    int rc = dr_wait(c->pool, s->rd);
     c->stats.read_wait_s += k3_now_s() - t0;
     s->async = 0;
-    if (rc == 0) { s->data = s->rd.data; s->state = SLOT_READY; return 0; }
-    if (s->rd.direct_refused) { /* the kernel refused the alignment: buffered from now on */
+    if (rc == 0) { s->data = s->rd->data; s->state = SLOT_READY; return 0; }
+    if (s->rd->direct_refused) { /* the kernel refused the alignment: buffered from now on */
         const expert_loc *loc = expert_store_loc(c->st, s->layer, s->expert);
         c->direct_ok = 0;
         t0 = k3_now_s();
         rc = loc ? read_expert(c, s, loc, 0, err) : k3_fail(err, "internal: slot of an unknown expert");
         c->stats.read_wait_s += k3_now_s() - t0;
         if (rc == 0) { s->state = SLOT_READY; return 0; }
-    } else k3_fail(err, "%s", s->rd.err.msg);
+    } else k3_fail(err, "%s", s->rd->err.msg);
     set_empty(c, s);
     return -1;
 }

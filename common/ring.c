@@ -54,6 +54,9 @@ static int init_ctl(ring *r, k3_error *err) {
     atomic_store(&c->stat_bytes_read, 0);
     atomic_store(&c->stat_compute_ns, 0);
     atomic_store(&c->stat_wait_ns, 0);
+    atomic_store(&c->stat_hint_reads, 0);
+    atomic_store(&c->stat_hint_hits, 0);
+    atomic_store(&c->stat_hint_wasted, 0);
     for (uint32_t i = 0; i < r->n_slots; i++) {
         atomic_store(&ring_req_slot(r, i)->seq, 0);
         atomic_store(&ring_resp_slot(r, i)->seq, 0);

@@ -41,6 +41,7 @@ typedef struct {
     /* written by the worker, read by the coordinator (progress and stats) */
     _Atomic uint64_t heartbeat;
     _Atomic uint64_t stat_requests, stat_hits, stat_misses, stat_bytes_read, stat_compute_ns, stat_wait_ns;
+    _Atomic uint64_t stat_hint_reads, stat_hint_hits, stat_hint_wasted; /* the cache's hint counters (expert_cache.h) */
 } ring_ctl;
 
 typedef struct {

@@ -409,6 +409,18 @@ static json_t *prefetch_json(const run_info *ri, const expert_backend *eb) {
         json_object_set_new(j, "hint_hits", json_integer((json_int_t)cs.hint_hits));
         json_object_set_new(j, "hint_wasted", json_integer((json_int_t)cs.hint_wasted));
         json_object_set_new(j, "expert_read_wait_s", json_real(cs.read_wait_s));
+    } else if (ri->n_workers > 0 && !ri->mpi) { /* the servers' caches, summed */
+        uint64_t reads = 0, hits = 0, wasted = 0;
+        for (int i = 0; i < workers_pool_count(eb); i++) {
+            worker_stats ws;
+            workers_pool_stats(eb, i, &ws);
+            reads += ws.hint_reads;
+            hits += ws.hint_hits;
+            wasted += ws.hint_wasted;
+        }
+        json_object_set_new(j, "hint_reads", json_integer((json_int_t)reads));
+        json_object_set_new(j, "hint_hits", json_integer((json_int_t)hits));
+        json_object_set_new(j, "hint_wasted", json_integer((json_int_t)wasted));
     }
     return j;
 }

@@ -95,6 +95,9 @@ static void bank_stats(worker *w) {
     w->acc.hits += atomic_load(&c->stat_hits);
     w->acc.misses += atomic_load(&c->stat_misses);
     w->acc.bytes_read += atomic_load(&c->stat_bytes_read);
+    w->acc.hint_reads += atomic_load(&c->stat_hint_reads);
+    w->acc.hint_hits += atomic_load(&c->stat_hint_hits);
+    w->acc.hint_wasted += atomic_load(&c->stat_hint_wasted);
     w->acc.compute_s += (double)atomic_load(&c->stat_compute_ns) * 1e-9;
 }
 
@@ -411,6 +414,9 @@ void workers_pool_stats(const expert_backend *b, int i, worker_stats *out) {
         out->hits += atomic_load(&w->rg.ctl->stat_hits);
         out->misses += atomic_load(&w->rg.ctl->stat_misses);
         out->bytes_read += atomic_load(&w->rg.ctl->stat_bytes_read);
+        out->hint_reads += atomic_load(&w->rg.ctl->stat_hint_reads);
+        out->hint_hits += atomic_load(&w->rg.ctl->stat_hint_hits);
+        out->hint_wasted += atomic_load(&w->rg.ctl->stat_hint_wasted);
         out->compute_s += (double)atomic_load(&w->rg.ctl->stat_compute_ns) * 1e-9;
     }
 }

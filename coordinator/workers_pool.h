@@ -42,6 +42,7 @@ typedef struct {
 typedef struct {
     int pid, node, restarts, cache_slots, direct_io;
     uint64_t requests, hits, misses, bytes_read;
+    uint64_t hint_reads, hint_hits, hint_wasted; /* the server cache's hint counters (untrusted: shared memory) */
     uint64_t peak_rss_bytes;   /* VmHWM of the current life (0 once it has exited) */
     double wait_s, compute_s;  /* coordinator waiting on this worker; worker computing */
 } worker_stats;

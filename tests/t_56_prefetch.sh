@@ -6,7 +6,8 @@
 # (hints evicted and wasted), in-process and with 2 expert servers (the hint travels in the
 # request of the layer before: wire.h); measured peak RSS within the budget (the router copies
 # are a plan line); --json `prefetch`: the prediction scored on every MoE layer after the
-# first, recall within [0, 1], hinted reads counted and used (a hint that is used is a hit).
+# first, recall within [0, 1], hinted reads counted and used (a hint that is used is a hit), the
+# servers' counters summed through the ring's stats page.
 set -u
 cd "$(dirname "$0")/.."
 K3="${K3_BIN:-bin/k3}"
@@ -18,7 +19,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 
 for name in m13 m14b12; do
   M=tests/models/$name
-  rm -f "$T/b.json.hinted"
+  rm -f "$T/b.json.hinted" "$T/b.json.hinted_servers"
   ids=$($PY -c "import json; print(','.join(map(str, json.load(open('tests/expected/$name.json'))['prompt_ids'])))")
   "$K3" "$M" --ids "$ids" --gen 8 --teacher-force --workers 0 --preset max --expert-prefetch off --dump-logits "$T/ref.f32" \
     > "$T/ref.out" 2>/dev/null || fail "$name: reference run"
@@ -48,12 +49,13 @@ assert p["mode"] == pf, p
 assert p["layers_scored"] > 0 and p["actual_experts"] > 0, p
 assert 0 <= p["correct"] <= min(p["actual_experts"], p["predicted_experts"]), p
 assert 0.0 <= p["recall"] <= 1.0, p
-if pf == "on" and w == 0:  # hinted: handed to the cache; hint_reads: reads it started (readers, 2+ slots)
+if pf == "on":  # hinted: handed to the cache(s); hint_reads: reads they started (readers, 2+ slots); servers: summed
     assert p["hint_reads"] <= p["hinted"], p
     assert rt > 0 or p["hint_reads"] == 0, p
     assert p["hint_hits"] <= p["hint_reads"] and p["hint_hits"] <= m["expert_hits"], (p, m)
     assert p["hint_wasted"] + p["hint_hits"] <= p["hint_reads"], p
-    if p["hint_reads"] > 0: open(sys.argv[1] + ".hinted", "a").write("%d %d\n" % (p["hint_reads"], p["hint_hits"]))
+    if p["hint_reads"] > 0:
+        open(sys.argv[1] + (".hinted" if w == 0 else ".hinted_servers"), "a").write("%d %d\n" % (p["hint_reads"], p["hint_hits"]))
 elif pf == "predict":
     assert p["hinted"] == 0, p
 print("%s: recall %.3f, hinted %d, used %s" % (what, p["recall"], p["hinted"], p.get("hint_hits", "-")))
@@ -63,9 +65,11 @@ PYEOF
       done
     done
   done
-  [ -s "$T/b.json.hinted" ] || fail "$name: no run started a hinted read"
-  $PY -c "import sys; r=[tuple(map(int,l.split())) for l in open(sys.argv[1])]; assert sum(u for h,u in r) > 0" "$T/b.json.hinted" \
-    || fail "$name: no hinted read was ever used"
+  for f in hinted hinted_servers; do
+    [ -s "$T/b.json.$f" ] || fail "$name: no run started a hinted read ($f)"
+    $PY -c "import sys; r=[tuple(map(int,l.split())) for l in open(sys.argv[1])]; assert sum(u for h,u in r) > 0" "$T/b.json.$f" \
+      || fail "$name: no hinted read was ever used ($f)"
+  done
 done
 # a reader refused: --read-threads out of range is a usage error
 "$K3" tests/models/m13 --ids 1 --gen 1 --read-threads 300 > /dev/null 2> "$T/u.err"

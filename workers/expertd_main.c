@@ -198,6 +198,9 @@ static int serve(server *sv, uint64_t seq, int32_t *ptok, int32_t *pexp, int32_t
     atomic_store(&ctl->stat_hits, cs.hits);
     atomic_store(&ctl->stat_misses, cs.misses);
     atomic_store(&ctl->stat_bytes_read, cs.bytes_read);
+    atomic_store(&ctl->stat_hint_reads, cs.hint_reads);
+    atomic_store(&ctl->stat_hint_hits, cs.hint_hits);
+    atomic_store(&ctl->stat_hint_wasted, cs.hint_wasted);
     atomic_fetch_add(&ctl->stat_compute_ns, now_ns() - t0);
     atomic_fetch_add(&ctl->stat_requests, 1);
     long hlen = wire_encode_response(&resp, ring_slot_hdr(out), rg->hdr_cap);

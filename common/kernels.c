@@ -5,6 +5,7 @@
 #include "common/kernels.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -127,11 +128,12 @@ typedef struct {
     k3_rows_f32_fn f32;
     k3_rows_bf16_fn bf16, bf16_x2;
     k3_rows_mxfp4_fn mxfp4, mxfp4_x2;
+    k3_rows_mxfp4_xd_fn mxfp4_xd; /* one token, x in double (the driver converts x once per call) */
     int gemm; /* the multi-token kernels may be used (K3_GEMM_MIN_TOK+ tokens): 1 AVX2 + FMA, 2 AVX-512 */
 } rowblock_fns;
 
 static rowblock_fns rowblock_for(const kernels *k) {
-    rowblock_fns b = {NULL, NULL, NULL, NULL, NULL, 0};
+    rowblock_fns b = {NULL, NULL, NULL, NULL, NULL, NULL, 0};
 #ifdef K3_HAVE_X86_KERNELS
     /* every CPU with the AVX2 or AVX-512 level has AVX2 + FMA (cpu_has) */
     b.gemm = k->dot_bf16 == k3_dot_bf16_avx512 ? 2 : k->dot_bf16 == k3_dot_bf16_avx2 ? 1 : 0;
@@ -143,6 +145,7 @@ static rowblock_fns rowblock_for(const kernels *k) {
     if (k->dot_mxfp4 == k3_dot_mxfp4_avx512) {
         b.mxfp4 = k3_rows_mxfp4_avx512;
         b.mxfp4_x2 = k3_rows_mxfp4_x2_avx512;
+        b.mxfp4_xd = k3_rows_mxfp4_xd_avx512;
     }
     if (k->dot_mxfp4 == k3_dot_mxfp4_avx2) b.mxfp4 = k3_rows_mxfp4_avx2;
     if (k->dot_f32 == k3_dot_f32_avx2) b.f32 = k3_rows_f32_avx2;
@@ -261,9 +264,10 @@ void matmul_dense_many(const kernels *k, const dense_weight *W, const float *con
 }
 
 /* Job bi of an MXFP4 matmul: tile bi (K3_GEMM_NR rows x all tokens) when gemm, else row
- * block bi (K3_ROWBLOCK rows, two tokens at a time where a _x2 kernel exists). */
+ * block bi (K3_ROWBLOCK rows, two tokens at a time where a _x2 kernel exists; one token
+ * from xd, x in double, when the driver converted it). */
 static void mxfp4_job(const kernels *k, const rowblock_fns *rb, int gemm, const mxfp4_weight *W, const float *x,
-                      size_t ntok, float *y, size_t bi) {
+                      const double *xd, size_t ntok, float *y, size_t bi) {
     const size_t rows = W->rows, cols = W->cols;
 #ifdef K3_HAVE_X86_KERNELS
     if (gemm) {
@@ -278,6 +282,11 @@ static void mxfp4_job(const kernels *k, const rowblock_fns *rb, int gemm, const 
     const uint8_t *p = W->packed + r0 * (cols / 2), *s = W->scales + r0 * (cols / 32);
     size_t t = 0;
     float o[2 * K3_ROWBLOCK];
+    if (xd && nr == K3_ROWBLOCK) { /* ntok == 1 */
+        rb->mxfp4_xd(p, s, xd, cols, o);
+        put_rows(y, rows, r0, nr, 0, o);
+        return;
+    }
     if (rb->mxfp4_x2 && nr == K3_ROWBLOCK)
         for (; t + 2 <= ntok; t += 2) {
             rb->mxfp4_x2(p, s, x + t * cols, cols, o);
@@ -292,42 +301,109 @@ static void mxfp4_job(const kernels *k, const rowblock_fns *rb, int gemm, const 
     }
 }
 
+/* The calling thread's buffer for the one-token inputs of an MXFP4 call converted to
+ * double (matmul_reserve_x). Kept for the thread's life; freed at its exit. */
+static pthread_key_t xd_key;
+static pthread_once_t xd_once = PTHREAD_ONCE_INIT;
+typedef struct { double *p; size_t cap; } xd_buf;
+static void xd_free(void *v) {
+    xd_buf *b = v;
+    if (b) free(b->p);
+    free(b);
+}
+static void xd_key_init(void) {
+    if (pthread_key_create(&xd_key, xd_free)) xd_key = 0;
+}
+
+/* The calling thread's buffer of at least n doubles, or NULL (then the float kernels run:
+ * the same bits). Allocates only when it grows. */
+static double *xd_get(size_t n) {
+    pthread_once(&xd_once, xd_key_init);
+    xd_buf *b = pthread_getspecific(xd_key);
+    if (b && b->cap >= n) return b->p;
+    if (!b) {
+        if (!(b = calloc(1, sizeof *b))) return NULL;
+        if (pthread_setspecific(xd_key, b)) { free(b); return NULL; }
+    }
+    double *q = aligned_alloc(64, (n * sizeof *q + 63) & ~(size_t)63);
+    if (!q) return NULL;
+    free(b->p);
+    b->p = q;
+    b->cap = n;
+    return q;
+}
+
+int matmul_reserve_x(size_t n) { return n == 0 || xd_get(n) ? 0 : -1; }
+
 void matmul_mxfp4(const kernels *k, const mxfp4_weight *W, const float *x, size_t ntok, float *y) {
-    matmul_mxfp4_many(k, W, &x, ntok, &y, 1);
+    matmul_mxfp4_list(k, W, &x, &ntok, &y, 1);
 }
 
 void matmul_mxfp4_many(const kernels *k, const mxfp4_weight *W, const float *const *x, size_t ntok, float *const *y,
                        size_t n) {
-    if (n > K3_MATMUL_MANY_MAX) {
-        matmul_mxfp4_many(k, W, x, ntok, y, K3_MATMUL_MANY_MAX);
-        matmul_mxfp4_many(k, W + K3_MATMUL_MANY_MAX, x + K3_MATMUL_MANY_MAX, ntok, y + K3_MATMUL_MANY_MAX,
-                          n - K3_MATMUL_MANY_MAX);
+    size_t nt[K3_MATMUL_LIST_MAX];
+    while (n > 0) {
+        size_t m = n < K3_MATMUL_LIST_MAX ? n : K3_MATMUL_LIST_MAX;
+        for (size_t i = 0; i < m; i++) nt[i] = ntok;
+        matmul_mxfp4_list(k, W, x, nt, y, m);
+        W += m, x += m, y += m, n -= m;
+    }
+}
+
+void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *const *x, const size_t *ntok,
+                       float *const *y, size_t n) {
+    if (n > K3_MATMUL_LIST_MAX) {
+        matmul_mxfp4_list(k, W, x, ntok, y, K3_MATMUL_LIST_MAX);
+        matmul_mxfp4_list(k, W + K3_MATMUL_LIST_MAX, x + K3_MATMUL_LIST_MAX, ntok + K3_MATMUL_LIST_MAX,
+                          y + K3_MATMUL_LIST_MAX, n - K3_MATMUL_LIST_MAX);
         return;
     }
     const rowblock_fns rb = rowblock_for(k);
-#ifdef K3_HAVE_X86_KERNELS
-    const int gemm = rb.gemm && ntok >= K3_GEMM_MIN_TOK;
-#else
-    const int gemm = 0;
-#endif
-    const size_t per = gemm ? K3_GEMM_NR : K3_ROWBLOCK;
-    size_t first[K3_MATMUL_MANY_MAX + 1];
+    size_t first[K3_MATMUL_LIST_MAX + 1];
+    int gemm[K3_MATMUL_LIST_MAX];
+    const double *xd[K3_MATMUL_LIST_MAX];
+    size_t nxd = 0; /* doubles needed for the one-token inputs (each distinct x once) */
     first[0] = 0;
     for (size_t i = 0; i < n; i++) {
+#ifdef K3_HAVE_X86_KERNELS
+        gemm[i] = rb.gemm && ntok[i] >= K3_GEMM_MIN_TOK;
+#else
+        gemm[i] = 0;
+#endif
+        xd[i] = NULL;
         if (W[i].cols % 32 != 0) { /* refused at load time (config_parse: expert widths % 32) */
             char what[80];
             snprintf(what, sizeof what, "matmul_mxfp4: cols %zu is not a multiple of 32", W[i].cols);
-            poison(what, y[i], W[i].rows * ntok);
+            poison(what, y[i], W[i].rows * ntok[i]);
             first[i + 1] = first[i];
-        } else first[i + 1] = first[i] + (W[i].rows + per - 1) / per;
+            continue;
+        }
+        const size_t per = gemm[i] ? K3_GEMM_NR : K3_ROWBLOCK;
+        first[i + 1] = first[i] + (W[i].rows + per - 1) / per;
+        if (rb.mxfp4_xd && ntok[i] == 1 && W[i].rows >= K3_ROWBLOCK) nxd += W[i].cols;
+    }
+    /* x of the one-token matrices in double, converted once here instead of once per row block */
+    double *buf = nxd ? xd_get(nxd) : NULL;
+    if (buf) {
+        size_t used = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (!(rb.mxfp4_xd && ntok[i] == 1 && W[i].rows >= K3_ROWBLOCK && W[i].cols % 32 == 0)) continue;
+            for (size_t j = 0; j < i && !xd[i]; j++)
+                if (xd[j] && x[j] == x[i] && W[j].cols == W[i].cols) xd[i] = xd[j];
+            if (xd[i]) continue;
+            double *d = buf + used;
+            for (size_t c = 0; c < W[i].cols; c++) d[c] = (double)x[i][c];
+            xd[i] = d;
+            used += W[i].cols;
+        }
     }
     const size_t total = first[n];
-    /* one region for all n matmuls: each job finds its matrix (n is a handful) */
+    /* one region for all n matmuls: each job finds its matrix */
 #pragma omp parallel for schedule(runtime)
     for (size_t j = 0; j < total; j++) {
         size_t i = 0;
         while (j >= first[i + 1]) i++;
-        mxfp4_job(k, &rb, gemm, &W[i], x[i], ntok, y[i], j - first[i]);
+        mxfp4_job(k, &rb, gemm[i], &W[i], x[i], xd[i], ntok[i], y[i], j - first[i]);
     }
 }
 

@@ -80,6 +80,19 @@ void matmul_dense_many(const kernels *k, const dense_weight *W, const float *con
 void matmul_mxfp4_many(const kernels *k, const mxfp4_weight *W, const float *const *x, size_t ntok, float *const *y,
                        size_t n);
 
+/* n (any number) MXFP4 matmuls, matrix i on ntok[i] tokens, in ONE parallel region (split
+ * into regions of K3_MATMUL_LIST_MAX): y[i] = W[i] x[i]; each y[i] has exactly the bits
+ * matmul_mxfp4 gives it. All routed experts of a decode step go through two of these. */
+#define K3_MATMUL_LIST_MAX 64
+void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *const *x, const size_t *ntok,
+                       float *const *y, size_t n);
+/* A one-token MXFP4 matmul takes x converted to double once per call (where the level has a
+ * kernel for it, AVX-512) into a buffer of the calling thread, grown when a call needs more
+ * (each distinct x of a call once, cols doubles each) and kept for the thread's life. This
+ * reserves n doubles up front so that decode never allocates; 0, or -1 without memory (the
+ * kernels then convert x per row block: the same bits). */
+int matmul_reserve_x(size_t n);
+
 /* 0 if no scale byte of the weight is 255, else -1 and *bad_row set. */
 int mxfp4_check_scales(const mxfp4_weight *W, size_t *bad_row);
 

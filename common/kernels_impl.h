@@ -37,6 +37,9 @@ float k3_dot_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const fl
 void k3_rows_f32_avx512(const float *w, const float *x, size_t n, float *out);
 void k3_rows_bf16_avx512(const uint16_t *w, const float *x, size_t n, float *out);
 void k3_rows_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out);
+/* x given in double (xd[i] == (double)x[i]): the bits of k3_rows_mxfp4_avx512 */
+typedef void (*k3_rows_mxfp4_xd_fn)(const uint8_t *packed, const uint8_t *scales, const double *xd, size_t n, float *out);
+void k3_rows_mxfp4_xd_avx512(const uint8_t *packed, const uint8_t *scales, const double *xd, size_t n, float *out);
 void k3_rows_bf16_x2_avx512(const uint16_t *w, const float *x, size_t n, float *out);
 void k3_rows_mxfp4_x2_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out);
 

@@ -1,6 +1,8 @@
 /* expert_batch.c - pairs grouped by expert, computed once per expert (see expert_batch.h). */
 #include "workers/expert_batch.h"
 #include <stdlib.h>
+
+#include "common/activations.h"
 #include <string.h>
 
 typedef struct { int32_t expert; uint32_t pair; } pair_key;
@@ -60,17 +62,59 @@ int expert_batch_run_ws(const kernels *k, const expert_source *src, size_t L, si
     for (size_t i = 0; i < npairs; i++)
         if (i == 0 || keys[i].expert != keys[i - 1].expert) distinct[nd++] = keys[i].expert;
     if (src->prefetch && src->prefetch(src->ctx, layer, distinct, nd, err)) goto out;
+    /* experts in groups of up to max_held (EXPERT_BATCH_GROUP_MAX): every w1/w3 product of a
+     * group in one parallel region, every w2 product in another */
+    size_t gmax = src->max_held > 1 ? src->max_held : 1;
+    if (gmax > EXPERT_BATCH_GROUP_MAX) gmax = EXPERT_BATCH_GROUP_MAX;
     for (size_t i = 0; i < npairs;) {
-        size_t j = i;
-        while (j < npairs && keys[j].expert == keys[i].expert) j++;
-        expert_weights w;
-        if (src->acquire(src->ctx, layer, keys[i].expert, &w, err)) goto out;
-        size_t n = j - i;
-        for (size_t q = 0; q < n; q++) memcpy(z + q * L, zlat + (size_t)pair_token[keys[i + q].pair] * L, L * sizeof *z);
-        expert_compute(k, &w, situ_beta, situ_linear_beta, z, n, y, scratch);
-        if (src->release) src->release(src->ctx, layer, keys[i].expert);
-        for (size_t q = 0; q < n; q++) memcpy(out + (size_t)keys[i + q].pair * L, y + q * L, L * sizeof *y);
-        i = j;
+        size_t ge = 0, s = i, lo[EXPERT_BATCH_GROUP_MAX], hi[EXPERT_BATCH_GROUP_MAX];
+        while (s < npairs && ge < gmax) {
+            size_t j = s;
+            while (j < npairs && keys[j].expert == keys[s].expert) j++;
+            lo[ge] = s;
+            hi[ge++] = j;
+            s = j;
+        }
+        expert_weights w[EXPERT_BATCH_GROUP_MAX];
+        size_t held = 0;
+        for (; held < ge; held++)
+            if (src->acquire(src->ctx, layer, keys[lo[held]].expert, &w[held], err)) break;
+        if (held < ge) {
+            for (size_t e = 0; e < held; e++)
+                if (src->release) src->release(src->ctx, layer, keys[lo[e]].expert);
+            goto out;
+        }
+        mxfp4_weight W13[2 * EXPERT_BATCH_GROUP_MAX], W2[EXPERT_BATCH_GROUP_MAX];
+        const float *x13[2 * EXPERT_BATCH_GROUP_MAX], *x2[EXPERT_BATCH_GROUP_MAX];
+        float *y13[2 * EXPERT_BATCH_GROUP_MAX], *y2[EXPERT_BATCH_GROUP_MAX];
+        size_t n13[2 * EXPERT_BATCH_GROUP_MAX], n2[EXPERT_BATCH_GROUP_MAX];
+        for (size_t e = 0; e < ge; e++) {
+            size_t n = hi[e] - lo[e];
+            const float *ze = zlat + (size_t)pair_token[keys[lo[e]].pair] * L; /* one token: its row as is */
+            if (n > 1) {
+                float *zc = z + lo[e] * L;
+                for (size_t q = 0; q < n; q++)
+                    memcpy(zc + q * L, zlat + (size_t)pair_token[keys[lo[e] + q].pair] * L, L * sizeof *z);
+                ze = zc;
+            }
+            float *g = scratch + 2 * lo[e] * I, *u = g + n * I;
+            W13[2 * e] = w[e].w1, W13[2 * e + 1] = w[e].w3;
+            x13[2 * e] = x13[2 * e + 1] = ze;
+            y13[2 * e] = g, y13[2 * e + 1] = u;
+            n13[2 * e] = n13[2 * e + 1] = n;
+            W2[e] = w[e].w2, x2[e] = g, y2[e] = y + lo[e] * L, n2[e] = n;
+        }
+        matmul_mxfp4_list(k, W13, x13, n13, y13, 2 * ge);
+        for (size_t e = 0; e < ge; e++) {
+            size_t n = hi[e] - lo[e];
+            float *g = scratch + 2 * lo[e] * I;
+            situ_glu(g, g, g + n * I, n * I, situ_beta, situ_linear_beta);
+        }
+        matmul_mxfp4_list(k, W2, x2, n2, y2, ge);
+        for (size_t e = 0; e < ge; e++)
+            if (src->release) src->release(src->ctx, layer, keys[lo[e]].expert);
+        for (size_t q = i; q < s; q++) memcpy(out + (size_t)keys[q].pair * L, y + q * L, L * sizeof *y);
+        i = s;
     }
     rc = 0;
 out:

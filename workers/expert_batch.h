@@ -20,6 +20,11 @@ typedef struct {
      * Returns 0 or -1 with err set. */
     int (*prefetch)(void *ctx, int layer, const int32_t *experts, size_t n, k3_error *err);
     void *ctx;
+    /* How many experts a batch may hold acquired at once (0 or 1: one at a time, released
+     * before the next is acquired). With more, expert_batch_run acquires up to that many and
+     * computes all their w1/w3 products in one parallel region and all their w2 products in
+     * another (matmul_mxfp4_list), instead of two regions per expert: the same bits. */
+    size_t max_held;
 } expert_source;
 
 int expert_batch_run(const kernels *k, const expert_source *src, size_t L, size_t I, double situ_beta,
@@ -38,6 +43,8 @@ typedef struct {
     size_t cap;
 } expert_batch_ws;
 #define EXPERT_BATCH_WS_KEEP ((size_t)16 << 20)
+/* The most experts one group holds (expert_source.max_held is capped to it). */
+#define EXPERT_BATCH_GROUP_MAX 32
 int expert_batch_run_ws(const kernels *k, const expert_source *src, size_t L, size_t I, double situ_beta,
                         double situ_linear_beta, int layer, const float *zlat, size_t ntok, const int32_t *pair_token,
                         const int32_t *pair_expert, size_t npairs, float *out, expert_batch_ws *ws, k3_error *err);

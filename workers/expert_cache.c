@@ -73,6 +73,7 @@ struct expert_cache {
     /* policy state */
     cache_policy policy;
     int n_layers, n_experts;
+    size_t n_owned;       /* the experts of the store (a slot each: a resident run) */
     key_state *keys;      /* [n_layers * n_experts] */
     uint8_t *in_request;  /* [n_experts] scratch */
     uint64_t cycle;       /* forward passes seen: a request whose layer is not above the last one starts a pass */
@@ -110,6 +111,8 @@ expert_cache *expert_cache_create(const expert_store *st, checkpoint *ck, uint64
     c->n_layers = st->n_layers;
     c->n_experts = st->n_experts;
     c->cur_layer = -1;
+    for (int l = 0; l < st->n_layers; l++)
+        for (int e = 0; e < st->n_experts; e++) c->n_owned += expert_store_loc(st, l, e) != NULL;
     c->slots = calloc(c->n_slots, sizeof *c->slots);
     c->rds = calloc(c->n_slots ? c->n_slots : 1, sizeof *c->rds);
     c->direct_fd = malloc((size_t)ck->n_shards * sizeof *c->direct_fd);
@@ -684,5 +687,8 @@ static void cache_release(void *ctx, int layer, int expert) {
 }
 
 expert_source expert_cache_source(expert_cache *c) {
-    return (expert_source){.acquire = cache_acquire, .release = cache_release, .prefetch = cache_prefetch, .ctx = c};
+    /* every expert has a slot of its own (a resident run): nothing is ever evicted, so a
+     * batch may hold all its experts at once */
+    return (expert_source){.acquire = cache_acquire, .release = cache_release, .prefetch = cache_prefetch, .ctx = c,
+                           .max_held = c->n_slots >= c->n_owned ? c->n_owned : 1};
 }

@@ -439,7 +439,7 @@ static void test_identical(model *m) {
         z[i] = (float)((double)(seed >> 40) / (double)(1u << 24) - 0.5);
     }
     mapped_ctx mc = {&m->st, &m->ck};
-    expert_source msrc = {mapped_acquire, NULL, NULL, &mc};
+    expert_source msrc = {mapped_acquire, NULL, NULL, &mc, 0}; /* one expert at a time */
     k3_error err = {0};
     /* 40 requests cycling over the MoE layers; each token picks K experts with some repetition */
     int32_t all_exp[NREQ][NTOK * K];
@@ -457,6 +457,22 @@ static void test_identical(model *m) {
             goto done;
         }
     }
+    /* experts held in groups (every w1/w3 of a group in one parallel region, every w2 in
+     * another) == one at a time */
+    static const size_t groups[] = {2, 3, EXPERT_BATCH_GROUP_MAX};
+    for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
+        expert_source gsrc = msrc;
+        gsrc.max_held = groups[gi];
+        int same = 1, rc = 0;
+        for (int q = 0; q < NREQ && !rc; q++) {
+            for (int i = 0; i < NTOK * K; i++) { ptok[i] = i / K; pexp[i] = all_exp[q][i]; }
+            rc = expert_batch_run(k, &gsrc, L, I, m->cfg.situ_beta, m->cfg.situ_linear_beta, players[q], z, NTOK, ptok,
+                                  pexp, NTOK * K, out, &err);
+            same &= !memcmp(out, ref + (size_t)q * NTOK * K * L, NTOK * K * L * sizeof *out);
+        }
+        CHECK(rc == 0 && same, "experts held %zu at a time: outputs differ from one at a time (rc %d: %s)", groups[gi], rc,
+              err.msg);
+    }
     static const size_t sizes[] = {1, 2, 3, 5, 9, 400};
     /* readers: 0 = reads as before; 1, 4 = the pool (several reads in flight, pipelined misses);
      * hints (with readers): after each request, the next request's experts, half of them wrong */
@@ -471,6 +487,8 @@ static void test_identical(model *m) {
             if (expert_cache_set_readers(c, readers, &err)) { CHECK(0, "readers: %s", err.msg); expert_cache_free(c); goto done; }
             CHECK(expert_cache_readers(c) == readers || !expert_cache_direct_io(c), "readers %d", expert_cache_readers(c));
             expert_source src = expert_cache_source(c);
+            CHECK((src.max_held > 1) == (sizes[si] == 400), "%zu slots: max_held %zu (only a cache holding every expert "
+                  "lets a batch hold several)", sizes[si], src.max_held);
             int same = 1, rc = 0;
             for (int q = 0; q < NREQ && !rc; q++) {
                 for (int i = 0; i < NTOK * K; i++) { ptok[i] = i / K; pexp[i] = all_exp[q][i]; }

@@ -384,6 +384,57 @@ static void test_mxfp4_many(tstate *ts) {
     }
 }
 
+/* matmul_mxfp4_list (every routed expert of a decode step in one region: expert_batch.c)
+ * == one scalar matmul_mxfp4 per weight and token: token counts per matrix on both sides of
+ * the multi-token kernels, one-token matrices sharing their x (converted to double once per
+ * call) or not, more matrices than one region takes (K3_MATMUL_LIST_MAX). */
+static void test_mxfp4_list(tstate *ts) {
+    enum { NW = K3_MATMUL_LIST_MAX + 6 };
+    static const size_t shapes[7][2] = {{16, 64}, {24, 128}, {1, 32}, {50, 320}, {9, 3584}, {8, 96}, {17, 1056}};
+    static const size_t ntoks[5] = {1, 1, 2, 4, 3};
+    uint64_t seed = 13;
+    mxfp4_weight W[NW];
+    uint8_t *pk[NW], *sc[NW];
+    float *xs[NW], *ys[NW], *ref[NW];
+    const float *xp[NW];
+    size_t nt[NW];
+    for (int i = 0; i < NW; i++) {
+        size_t rows = shapes[i % 7][0], cols = shapes[i % 7][1];
+        nt[i] = ntoks[i % 5];
+        pk[i] = malloc(rows * cols / 2);
+        sc[i] = malloc(rows * cols / 32);
+        xs[i] = malloc(4 * cols * sizeof(float));
+        ys[i] = malloc(4 * rows * sizeof(float));
+        ref[i] = malloc(4 * rows * sizeof(float));
+        if (!pk[i] || !sc[i] || !xs[i] || !ys[i] || !ref[i]) abort();
+        fill_mxfp4(&seed, pk[i], sc[i], rows, cols);
+        for (size_t e = 0; e < 4 * cols; e++) xs[i][e] = rnd_float(&seed);
+        W[i] = (mxfp4_weight){rows, cols, pk[i], sc[i]};
+        xp[i] = xs[i];
+        /* a one-token matrix after one of the same width: the same x (an expert's w1 and w3) */
+        if (i >= 7 && nt[i] == 1 && nt[i - 7] == 1 && i % 3 == 0) xp[i] = xp[i - 7];
+    }
+    for (int i = 0; i < NW; i++)
+        for (size_t t = 0; t < nt[i]; t++)
+            matmul_mxfp4(ts->levels[0], &W[i], xp[i] + t * W[i].cols, 1, ref[i] + t * W[i].rows);
+    for (int l = 0; l < ts->nlevels; l++) {
+        for (int i = 0; i < NW; i++) memset(ys[i], 0xff, 4 * W[i].rows * sizeof(float));
+        matmul_mxfp4_list(ts->levels[l], W, xp, nt, ys, NW);
+        for (int i = 0; i < NW; i++) {
+            size_t d = first_diff(ys[i], ref[i], nt[i] * W[i].rows);
+            CHECK(d == nt[i] * W[i].rows, "matmul_mxfp4_list %s weight %d (%zux%zu, %zu tokens): row %zu differs",
+                  ts->levels[l]->name, i, W[i].rows, W[i].cols, nt[i], d % W[i].rows);
+        }
+    }
+    for (int i = 0; i < NW; i++) {
+        free(pk[i]);
+        free(sc[i]);
+        free(xs[i]);
+        free(ys[i]);
+        free(ref[i]);
+    }
+}
+
 /* matmul_dense_many (several matmuls in one parallel region: kda.c, mlp_moe.c through
  * trunk_matmul_many) == one matmul_dense per weight, for mixed dtypes and shapes, token
  * counts on both sides of the multi-token kernels, more weights than one region takes. */
@@ -692,6 +743,7 @@ int main(void) {
     test_batches(&ts);
     test_many(&ts);
     test_mxfp4_many(&ts);
+    test_mxfp4_list(&ts);
     test_fma_is_exact();
 
     if (check_failures) {

@@ -304,6 +304,7 @@ static void mxfp4_job(const kernels *k, const rowblock_fns *rb, int gemm, const 
 /* The calling thread's buffer for the one-token inputs of an MXFP4 call converted to
  * double (matmul_reserve_x). Kept for the thread's life; freed at its exit. */
 static pthread_key_t xd_key;
+static int xd_key_ok;
 static pthread_once_t xd_once = PTHREAD_ONCE_INIT;
 typedef struct { double *p; size_t cap; } xd_buf;
 static void xd_free(void *v) {
@@ -312,13 +313,14 @@ static void xd_free(void *v) {
     free(b);
 }
 static void xd_key_init(void) {
-    if (pthread_key_create(&xd_key, xd_free)) xd_key = 0;
+    xd_key_ok = pthread_key_create(&xd_key, xd_free) == 0;
 }
 
 /* The calling thread's buffer of at least n doubles, or NULL (then the float kernels run:
  * the same bits). Allocates only when it grows. */
 static double *xd_get(size_t n) {
     pthread_once(&xd_once, xd_key_init);
+    if (!xd_key_ok) return NULL;
     xd_buf *b = pthread_getspecific(xd_key);
     if (b && b->cap >= n) return b->p;
     if (!b) {

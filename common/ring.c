@@ -57,6 +57,8 @@ static int init_ctl(ring *r, k3_error *err) {
     atomic_store(&c->stat_hint_reads, 0);
     atomic_store(&c->stat_hint_hits, 0);
     atomic_store(&c->stat_hint_wasted, 0);
+    atomic_store(&c->preloaded, 0);
+    atomic_store(&c->preload_state, 0);
     for (uint32_t i = 0; i < r->n_slots; i++) {
         atomic_store(&ring_req_slot(r, i)->seq, 0);
         atomic_store(&ring_resp_slot(r, i)->seq, 0);

@@ -42,6 +42,7 @@ typedef struct {
     _Atomic uint64_t heartbeat;
     _Atomic uint64_t stat_requests, stat_hits, stat_misses, stat_bytes_read, stat_compute_ns, stat_wait_ns;
     _Atomic uint64_t stat_hint_reads, stat_hint_hits, stat_hint_wasted; /* the cache's hint counters (expert_cache.h) */
+    _Atomic uint64_t preloaded, preload_state; /* hello.preload: experts read so far; 0 running/not asked, 1 done, 2 failed */
 } ring_ctl;
 
 typedef struct {

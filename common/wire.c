@@ -27,9 +27,10 @@ long wire_encode_hello(const wire_hello *h, void *buf, size_t cap) {
     msgpack_sbuffer_init(&sb);
     msgpack_packer pk;
     msgpack_packer_init(&pk, &sb, msgpack_sbuffer_write);
-    msgpack_pack_map(&pk, h->n_groups > 0 ? 20 : 18);
+    msgpack_pack_map(&pk, 18 + (h->n_groups > 0 ? 2 : 0) + (h->preload ? 1 : 0));
     pk_kv_str(&pk, "type", "hello");
     pk_kv_int(&pk, "read_threads", h->read_threads);
+    if (h->preload) pk_kv_int(&pk, "preload", 1);
     pk_kv_str(&pk, "model_dir", h->model_dir);
     pk_kv_int(&pk, "worker", h->worker);
     pk_kv_int(&pk, "n_workers", h->n_workers);
@@ -266,6 +267,7 @@ int wire_decode_hello(const void *buf, size_t len, wire_hello *h, k3_error *err)
     /* group / n_groups: optional (absent: 0, the one-level map) */
     if (!rc && (rd_get(&rd, "n_groups") || rd_get(&rd, "group")))
         rc = I64(&rd, "n_groups", 1, 4096, h->n_groups) || I64(&rd, "group", 0, h->n_groups - 1, h->group) ? -1 : 0;
+    if (!rc && rd_get(&rd, "preload")) rc = I64(&rd, "preload", 0, 1, h->preload) ? -1 : 0; /* optional: absent 0 */
     msgpack_unpacked_destroy(&rd.up);
     return rc;
 }

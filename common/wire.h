@@ -24,6 +24,8 @@ typedef struct {
     char simd[16];
     char policy[16];           /* expert-cache policy name (cache_policy_parse) */
     int read_threads;          /* the cache's reads in flight (expert_cache_set_readers; 0: none) */
+    int preload;               /* 1: read the experts the cache holds after `ready`, before serving
+                                * (expert_cache_preload; ring_ctl preloaded / preload_state); optional, absent 0 */
 } wire_hello;
 
 typedef struct {

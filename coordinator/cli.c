@@ -203,6 +203,10 @@ static const cli_flag FLAGS[] = {
      "after each MoE layer, predict the next MoE layer's experts from its router applied to this layer's input (router "
      "copies: a plan line); `on`: start their reads (the cache that owns them, `--read-threads` > 0); `predict`: only score the "
      "prediction; `--json` `prefetch` gives recall, hinted reads used and wasted, read stall; never changes the ids"},
+    {"preload-experts", NULL, CLI_SWITCH, OFF(preload_experts), 1, 0, NULL, NULL,
+     "read the experts at load, as many as the expert caches hold (all of them when resident), instead of on first use: "
+     "`load_s` is then every weight in and no request waits for a first read (a server's steady latency); in-process "
+     "(`--workers 0`) and in each expert server"},
     {"worker-timeout-ms", "MS", CLI_LONG, OFF(timeout_ms), 100, 86400000L, NULL, "30000",
      "a server that makes no progress, or is not ready, this long is restarted"},
     {"max-restarts", "N", CLI_LONG, OFF(max_restarts), 0, 1000, NULL, "3", "restarts per server before the run fails"},

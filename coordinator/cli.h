@@ -33,6 +33,7 @@ typedef struct {
     const char *cache_policy;   /* NULL: the cache's default */
     long read_threads;          /* reads in flight per reader (trunk streamer, in-process expert cache) */
     int expert_prefetch;        /* ep_mode: 0 off, 1 predict (recall only), 2 on (hints start reads) */
+    int preload_experts;        /* read every expert the caches hold at load (else on first use) */
     int numa;
     /* memory */
     double mem_gb;              /* 0: not given */

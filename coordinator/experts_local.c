@@ -1,6 +1,8 @@
 /* experts_local.c - in-process expert computation through an expert cache (see experts_local.h). */
 #include "coordinator/experts_local.h"
 #include "workers/expert_cache.h"
+#include "common/mono_clock.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -82,6 +84,22 @@ uint64_t experts_local_stats(const expert_backend *b, uint64_t *hits, uint64_t *
 int experts_local_set_readers(expert_backend *b, int n_threads, k3_error *err) {
     local_impl *li = b->impl;
     return expert_cache_set_readers(li->cache, n_threads, err);
+}
+
+typedef struct { double t0, last; } preload_progress;
+
+static void preload_note(void *ctx, size_t done, size_t total) {
+    preload_progress *pp = ctx;
+    double now = k3_now_s();
+    if (done < total && now - pp->last < 1.0) return;
+    pp->last = now;
+    fprintf(stderr, "k3: preloading experts: %zu of %zu (%.1f s)\n", done, total, now - pp->t0);
+}
+
+int experts_local_preload(expert_backend *b, size_t *loaded, k3_error *err) {
+    local_impl *li = b->impl;
+    preload_progress pp = {k3_now_s(), k3_now_s()};
+    return expert_cache_preload(li->cache, loaded, preload_note, &pp, err);
 }
 
 expert_cache_stats experts_local_cache_stats(const expert_backend *b) {

@@ -18,5 +18,8 @@ uint64_t experts_local_stats(const expert_backend *b, uint64_t *hits, uint64_t *
  * prediction (expert_cache_hint). */
 int experts_local_set_readers(expert_backend *b, int n_threads, k3_error *err);
 expert_cache_stats experts_local_cache_stats(const expert_backend *b);
+/* --preload-experts: every expert read now (expert_cache_preload), progress on stderr.
+ * *loaded: the experts read. 0, or -1 with err. */
+int experts_local_preload(expert_backend *b, size_t *loaded, k3_error *err);
 
 #endif

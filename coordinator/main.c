@@ -338,7 +338,8 @@ typedef struct {
     double load_s;                /* load_model_s + load_trunk_s + load_experts_s */
     double load_model_s;          /* model_load: config.json, the index, the shards' headers */
     double load_trunk_s;          /* trunk_create: the pinned units' reads */
-    double load_experts_s;        /* the expert backend's start and engine_init */
+    double load_experts_s;        /* the expert backend's start (with --preload-experts its reads) and engine_init */
+    size_t experts_preloaded;     /* --preload-experts: experts read at load (all servers) */
     double load_cpu_s;            /* CPU seconds of all threads in those spans */
     int threads, n_workers, mpi;
     const expert_backend *eb;
@@ -380,6 +381,7 @@ static json_t *memory_json(const run_info *ri, const expert_backend *eb) {
     json_object_set_new(j, "expert_hits", json_integer((json_int_t)hits));
     json_object_set_new(j, "expert_misses", json_integer((json_int_t)misses));
     json_object_set_new(j, "expert_bytes_read", json_integer((json_int_t)bytes));
+    json_object_set_new(j, "experts_preloaded", json_integer((json_int_t)ri->experts_preloaded));
     json_object_set_new(j, "read_threads", json_integer(ts.read_threads));
     json_object_set_new(j, "trunk_read_wait_s", json_real(ts.wait_s));
     if (ri->n_workers == 0 && !ri->mpi) {
@@ -641,6 +643,7 @@ static int start_backend(const options *o, k3_model *m, const kernels *k, int th
     po.cache_bytes = cache_bytes;
     po.policy = cache_policy_name(pol);
     po.read_threads = (int)o->read_threads;
+    po.preload = o->preload_experts;
     return workers_pool_create(eb, &m->cfg, m->ck.dir, &po, err);
 }
 
@@ -921,6 +924,11 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     if (o.mpi) {
         k3_error me = {0};
         if (o.chat) { fprintf(stderr, "k3: --mpi works with --ids/--prompt runs and --serve, not --chat\n"); draft_close(&draft); return EXIT_USAGE; }
+        if (o.preload_experts) {
+            fprintf(stderr, "k3: --preload-experts is not available with --mpi (the expert ranks read on first use)\n");
+            draft_close(&draft);
+            return EXIT_USAGE;
+        }
         if (experts_mpi_init(&argc, &argv, mpi_rank, mpi_size, &me)) {
             fprintf(stderr, "k3: %s\n", me.msg);
             draft_close(&draft);
@@ -1059,6 +1067,12 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     if (start_backend(&o, &m, k, ri.threads, ri.n_workers, cache_bytes, &pl, &eb, &err)) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }
     if (ri.n_workers == 0 && !o.mpi && experts_local_set_readers(&eb, (int)o.read_threads, &err)) {
         fprintf(stderr, "k3: %s\n", err.msg);
+        goto done;
+    }
+    if (o.preload_experts && !o.mpi &&
+        (ri.n_workers == 0 ? experts_local_preload(&eb, &ri.experts_preloaded, &err)
+                           : workers_pool_wait_preload(&eb, &ri.experts_preloaded, &err))) {
+        fprintf(stderr, "k3: preloading experts: %s\n", err.msg);
         goto done;
     }
     if (o.expert_prefetch && !o.mpi) {

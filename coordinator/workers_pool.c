@@ -147,6 +147,7 @@ static int spawn(pool *p, worker *w, k3_error *err) {
     h.max_tokens = (uint32_t)p->o.max_tokens;
     h.max_pairs = (uint32_t)p->max_pairs;
     h.read_threads = p->o.read_threads;
+    h.preload = p->o.preload;
     h.life = w->life;
     snprintf(h.simd, sizeof h.simd, "%s", p->o.simd);
     snprintf(h.policy, sizeof h.policy, "%s", p->o.policy);
@@ -394,6 +395,47 @@ static void pool_destroy(expert_backend *b) {
     free(p->hint);
     free(p);
     b->impl = NULL;
+}
+
+int workers_pool_wait_preload(expert_backend *b, size_t *loaded, k3_error *err) {
+    pool *p = b->impl;
+    *loaded = 0;
+    if (!p->o.preload) return 0;
+    uint64_t hb[MAX_POOL_WORKERS];
+    double last[MAX_POOL_WORKERS], t0 = k3_now_s(), said = t0;
+    for (int i = 0; i < p->n; i++) { hb[i] = atomic_load(&p->w[i].rg.ctl->heartbeat); last[i] = t0; }
+    for (;;) {
+        int all = 1;
+        uint64_t sum = 0;
+        double now = k3_now_s();
+        for (int i = 0; i < p->n; i++) {
+            worker *w = &p->w[i];
+            ring_ctl *c = w->rg.ctl;
+            uint64_t st = atomic_load(&c->preload_state), h = atomic_load(&c->heartbeat), n = atomic_load(&c->preloaded);
+            sum += n < (uint64_t)INT32_MAX ? n : (uint64_t)INT32_MAX; /* a count from shared memory, capped */
+            if (st == 2) return k3_fail(err, "worker %d could not preload its experts (its message is above)", i);
+            if (st == 1) continue;
+            all = 0;
+            int status;
+            if (w->pid > 0 && waitpid(w->pid, &status, WNOHANG) == w->pid) {
+                w->pid = 0;
+                g_worker_pids[w->idx] = 0;
+                return k3_fail(err, "worker %d died while preloading its experts (%s %d)", i,
+                               WIFSIGNALED(status) ? "signal" : "exit status", WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+            }
+            if (h != hb[i]) { hb[i] = h; last[i] = now; }
+            else if ((now - last[i]) * 1000 > p->o.timeout_ms)
+                return k3_fail(err, "worker %d made no progress preloading its experts for %d ms", i, p->o.timeout_ms);
+        }
+        if (all || now - said >= 1.0) {
+            fprintf(stderr, "k3: preloading experts: %llu read by %d server(s) (%.1f s)%s\n", (unsigned long long)sum, p->n,
+                    now - t0, all ? ", done" : "");
+            said = now;
+        }
+        if (all) { *loaded = (size_t)sum; return 0; }
+        if (p->o.on_progress) p->o.on_progress(p->o.progress_ctx);
+        usleep(20000);
+    }
 }
 
 int workers_pool_count(const expert_backend *b) { return ((const pool *)b->impl)->n; }

@@ -34,6 +34,7 @@ typedef struct {
     const char *simd;          /* kernel level name, passed to workers */
     const char *policy;        /* expert-cache policy name, passed to workers */
     int read_threads;          /* each server cache's reads in flight (--read-threads; 0: none) */
+    int preload;               /* --preload-experts: each server reads its cached experts after ready */
     int group, n_groups;       /* serve only expert rank `group`'s experts (of n_groups; 0 = 1 group) */
     void (*on_progress)(void *ctx); /* optional: called while waiting whenever a server shows progress */
     void *progress_ctx;
@@ -58,6 +59,11 @@ int workers_pool_check(const k3_model *m, int n_workers, uint64_t cache_bytes, k
 int workers_pool_check_group(const k3_config *c, int group, int n_groups, int n_workers, k3_error *err);
 int workers_pool_count(const expert_backend *b);
 void workers_pool_stats(const expert_backend *b, int i, worker_stats *out);
+/* With o->preload: waits until every server has read its experts (progress on stderr), a
+ * server's heartbeat proving progress (--worker-timeout-ms without any fails, as does a server
+ * that dies or reports a failed read: its own message is on stderr). *loaded: the experts the
+ * servers say they read (their shared memory: a count, never trusted further). 0 or -1. */
+int workers_pool_wait_preload(expert_backend *b, size_t *loaded, k3_error *err);
 /* Where bin/k3-expertd is: $K3_EXPERTD, else next to the running bin/k3. */
 int workers_pool_default_path(char *buf, size_t len);
 

@@ -7,7 +7,8 @@
 # request of the layer before: wire.h); measured peak RSS within the budget (the router copies
 # are a plan line); --json `prefetch`: the prediction scored on every MoE layer after the
 # first, recall within [0, 1], hinted reads counted and used (a hint that is used is a hit), the
-# servers' counters summed through the ring's stats page.
+# servers' counters summed through the ring's stats page. --preload-experts: the same bits, nothing
+# read after a resident load, a bad expert refused at load.
 set -u
 cd "$(dirname "$0")/.."
 K3="${K3_BIN:-bin/k3}"
@@ -76,4 +77,40 @@ done
 [ $? = 2 ] || fail "--read-threads 300 should be refused"
 "$K3" tests/models/m13 --ids 1 --gen 1 --expert-prefetch maybe > /dev/null 2> "$T/u.err"
 [ $? = 2 ] && grep -q "off|predict|on" "$T/u.err" || fail "--expert-prefetch maybe should be refused naming the choices"
+# --preload-experts: every expert the caches hold is read at load (in-process and in each server),
+# the ids and logits are the reference's, and a resident run then reads nothing more; a bad
+# expert (scale byte 255) that no request would touch fails the load, naming the tensor.
+M=tests/models/m13
+ids=$($PY -c "import json; print(','.join(map(str, json.load(open('tests/expected/m13.json'))['prompt_ids'])))")
+"$K3" "$M" --ids "$ids" --gen 8 --teacher-force --workers 0 --preset max --dump-logits "$T/ref.f32" > "$T/ref.out" 2>/dev/null \
+  || fail "preload: reference run"
+for w in 0 2; do
+  for mem in "--preset max" "--mem-gb 0.0503"; do
+    what="--preload-experts --workers $w $mem"
+    "$K3" "$M" --ids "$ids" --gen 8 --teacher-force --workers $w $mem --preload-experts --dump-logits "$T/b.f32" \
+      --json "$T/b.json" > "$T/b.out" 2> "$T/b.err" || { cat "$T/b.err"; fail "$what: run failed"; }
+    cmp -s "$T/ref.f32" "$T/b.f32" || fail "$what: logits differ from the reference"
+    cmp -s "$T/ref.out" "$T/b.out" || fail "$what: ids differ"
+    grep -q "preloading experts" "$T/b.err" || fail "$what: no preload progress on stderr"
+    $PY - "$T/b.json" "$mem" "$what" << 'PYEOF' || fail "$what: --json memory"
+import json, sys
+j = json.load(open(sys.argv[1])); m = j["memory"]; resident = "max" in sys.argv[2]
+assert m["experts_preloaded"] > 0, m
+if resident:  # 12 MoE layers x 16 experts, all read at load, none after
+    assert m["experts_preloaded"] == 192 and m["expert_misses"] == 192, m
+print("%s: preloaded %d, misses %d, hits %d" % (sys.argv[3], m["experts_preloaded"], m["expert_misses"], m["expert_hits"]))
+PYEOF
+  done
+done
+P=language_model.model
+rm -rf "$T/bad" && cp -r "$M" "$T/bad" && $PY tests/mutate_checkpoint.py "$T/bad" poke "$P.layers.12.block_sparse_moe.experts.15.w1.weight_scale" 3 255 \
+  || fail "preload: poke failed"
+for w in 0 2; do
+  "$K3" "$T/bad" --ids 1 --gen 1 --workers $w --preset max --preload-experts > /dev/null 2> "$T/u.err"
+  rc=$?
+  [ $rc != 0 ] && [ $rc != 2 ] && grep -q "layers.12.block_sparse_moe.experts.15.w1.weight_scale" "$T/u.err" \
+    || { cat "$T/u.err"; fail "--preload-experts --workers $w: a bad expert must fail the load naming it (exit $rc)"; }
+done
+"$K3" "$M" --ids 1 --gen 1 --mpi --preload-experts > /dev/null 2> "$T/u.err"
+[ $? = 2 ] && grep -q "preload-experts" "$T/u.err" || fail "--mpi --preload-experts should be a usage error"
 echo "t_56_prefetch: ok"

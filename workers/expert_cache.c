@@ -686,6 +686,36 @@ static void cache_release(void *ctx, int layer, int expert) {
     if (c->pool && layer == c->req_layer) pump(c); /* the slot may take the request's next miss */
 }
 
+int expert_cache_preload(expert_cache *c, size_t *loaded, void (*progress)(void *ctx, size_t done, size_t total),
+                         void *progress_ctx, k3_error *err) {
+    *loaded = 0;
+    int32_t *list = malloc(((size_t)c->n_experts + 1) * sizeof *list);
+    if (!list) return k3_fail(err, "out of memory");
+    size_t owned = 0;
+    for (int l = 0; l < c->n_layers; l++)
+        for (int e = 0; e < c->n_experts; e++) owned += expert_store_loc(c->st, l, e) != NULL;
+    size_t total = owned < c->n_slots ? owned : c->n_slots, done = 0;
+    expert_source src = expert_cache_source(c);
+    int rc = 0;
+    for (int l = 0; l < c->n_layers && done < total && !rc; l++) {
+        size_t n = 0;
+        for (int e = 0; e < c->n_experts && done + n < total; e++)
+            if (expert_store_loc(c->st, l, e)) list[n++] = e;
+        if (!n) continue;
+        if (src.prefetch(src.ctx, l, list, n, err)) { rc = -1; break; }
+        for (size_t i = 0; i < n; i++) {
+            expert_weights w;
+            if (src.acquire(src.ctx, l, list[i], &w, err)) { rc = -1; break; }
+            src.release(src.ctx, l, list[i]);
+            done++;
+            if (progress) progress(progress_ctx, done, total);
+        }
+    }
+    free(list);
+    *loaded = done;
+    return rc;
+}
+
 expert_source expert_cache_source(expert_cache *c) {
     /* every expert has a slot of its own (a resident run): nothing is ever evicted, so a
      * batch may hold all its experts at once */

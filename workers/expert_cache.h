@@ -91,6 +91,16 @@ int expert_cache_readers(const expert_cache *c);
  * Returns the reads started. */
 size_t expert_cache_hint(expert_cache *c, int layer, const int32_t *experts, size_t n);
 
+/* Reads this cache's experts now (layer by layer, each layer's in one prefetch: several reads
+ * in flight with readers), as many as there are slots (all of them when the cache holds every
+ * expert it owns: a resident run), so that no request waits for a first read; every expert's
+ * scales are checked on the way. The reads count as misses and bytes read. progress (may be
+ * NULL) is called after each expert with the experts read so far and the number to read.
+ * 0, or -1 with err (the first failed read or bad expert; the failed layer's other experts may
+ * stay pinned, as after a failed request: the caller stops). */
+int expert_cache_preload(expert_cache *c, size_t *loaded, void (*progress)(void *ctx, size_t done, size_t total),
+                         void *progress_ctx, k3_error *err);
+
 /* "lru", "lfu", "phit" (case-sensitive) -> 0, or -1 for anything else (out untouched). */
 int cache_policy_parse(const char *name, cache_policy *out);
 /* The name cache_policy_parse accepts; "?" for an invalid value. */

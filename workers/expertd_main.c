@@ -221,6 +221,14 @@ static int serve(server *sv, uint64_t seq, int32_t *ptok, int32_t *pexp, int32_t
     return 0;
 }
 
+/* expert_cache_preload's progress: a heartbeat and the count, per expert read */
+static void preload_beat(void *ctx, size_t done, size_t total) {
+    ring_ctl *ctl = ctx;
+    (void)total;
+    atomic_store(&ctl->preloaded, done);
+    atomic_fetch_add(&ctl->heartbeat, 1);
+}
+
 int main(int argc, char **argv) {
     int control_fd = -1, ring_fd = -1;
     for (int i = 1; i + 1 < argc; i += 2) {
@@ -254,6 +262,16 @@ int main(int argc, char **argv) {
 #endif
     long len = wire_encode_ready(&ready, msg, sizeof msg);
     if (len < 0 || send(control_fd, msg, (size_t)len, 0) != len || !ready.ok) return 1;
+    if (sv.hello.preload) { /* the coordinator waits on preload_state (requests queue in the ring meanwhile) */
+        size_t loaded = 0;
+        k3_error pe = {0};
+        int prc = expert_cache_preload(sv.cache, &loaded, preload_beat, sv.rg.ctl, &pe);
+        if (prc) fprintf(stderr, "k3-expertd: worker %d: preloading experts: %s\n", sv.hello.worker, pe.msg);
+        expert_cache_stats cs = expert_cache_get_stats(sv.cache);
+        atomic_store(&sv.rg.ctl->stat_misses, cs.misses);
+        atomic_store(&sv.rg.ctl->stat_bytes_read, cs.bytes_read);
+        atomic_store(&sv.rg.ctl->preload_state, prc ? 2 : 1);
+    }
 
     int32_t *ptok = malloc(sv.hello.max_pairs * sizeof *ptok), *pexp = malloc(sv.hello.max_pairs * sizeof *pexp);
     int32_t *phint = malloc(wire_hint_max(sv.hello.max_pairs) * sizeof *phint);

@@ -30,7 +30,7 @@ long wire_encode_hello(const wire_hello *h, void *buf, size_t cap) {
     msgpack_pack_map(&pk, 18 + (h->n_groups > 0 ? 2 : 0) + (h->preload ? 1 : 0));
     pk_kv_str(&pk, "type", "hello");
     pk_kv_int(&pk, "read_threads", h->read_threads);
-    if (h->preload) pk_kv_int(&pk, "preload", 1);
+    if (h->preload) pk_kv_int(&pk, "preload", h->preload);
     pk_kv_str(&pk, "model_dir", h->model_dir);
     pk_kv_int(&pk, "worker", h->worker);
     pk_kv_int(&pk, "n_workers", h->n_workers);

@@ -14,7 +14,9 @@
 #              at 1 and all threads against its roofline, prefill (N- vs 8-token
 #              prompts, N from RUNS' preN entries) against the FMA peak, a streamed run (--mem-gb 7) against fio,
 #              time to first token split into load_s (weights in: headers, the pinned
-#              trunk's reads, the expert backend) and prefill_s (the prompt's forwards),
+#              trunk's reads, the expert backend and, with --preload-experts, which the
+#              resident runs use when the binary has it, every expert's read) and
+#              prefill_s (the prompt's forwards: no reads then),
 #              the trunk's load rate against the slower of the device and first touch.
 # The whole measurement holds $BENCH_LOCK (one process may hold the model in memory;
 # taken once, so that no other run lands between the ceilings and the engine runs).
@@ -102,11 +104,15 @@ run() {
 for who in new ${BASE_K3:+base}; do
   bin=$K3
   [ "$who" = base ] && bin=$BASE_K3
-  run "$who-dec$NT" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --preset max
+  # resident runs read every expert at load when the binary can (before 2026-12-01 a decode step
+  # or the prompt could still read an expert on its first use)
+  pre=""
+  "$bin" --help 2>&1 | grep -q -- --preload-experts && pre=--preload-experts
+  run "$who-dec$NT" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --preset max $pre
   for r in $RUNS; do # preN: an N-id prompt (N > 8), prefill only
-    case $r in pre[0-9]*) run "$who-$r" "$bin" --ids "$(ids_of "${r#pre}")" --gen 1 --workers 0 --threads "$NT" --preset max ;; esac
+    case $r in pre[0-9]*) run "$who-$r" "$bin" --ids "$(ids_of "${r#pre}")" --gen 1 --workers 0 --threads "$NT" --preset max $pre ;; esac
   done
-  case " $RUNS " in *" dec1 "*) [ "$NT" -gt 1 ] && run "$who-dec1" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads 1 --preset max ;; esac
+  case " $RUNS " in *" dec1 "*) [ "$NT" -gt 1 ] && run "$who-dec1" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads 1 --preset max $pre ;; esac
   case " $RUNS " in *" stream "*) run "$who-stream" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --mem-gb "$STREAM_GB" ;; esac
   case " $RUNS " in *" streampf "*) run "$who-streampf" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --mem-gb "$STREAM_GB" --expert-prefetch on ;; esac
 done
@@ -251,7 +257,11 @@ for who in ["new"] + (["base"] if base_k3 else []):
             lim = min(x for x in (fio_gbs, ftc, float("inf")) if x > 0)
             lim_what = "first touch" if ftc and ftc < fio_gbs else "device" if ftc else "device; first touch not measured"
             ew = j["memory"].get("expert_read_wait_s")
-            ew = f" (the run waited {ew:.1f} s for expert reads on first use)" if ew is not None else ""
+            npl = j["memory"].get("experts_preloaded", 0)
+            if npl:
+                ew = f" (the {npl} experts read in load_s: --preload-experts)"
+            else:
+                ew = f" (the run waited {ew:.1f} s for expert reads on first use)" if ew is not None else ""
             rows.append((label, f"time to first token (8-id prompt): load_s + prefill_s{ew}", f"{t['load_s']:.1f} + {t['prefill_s']:.1f} s",
                          f"trunk in at {lr:.2f} GB/s vs device {fio_gbs:.2f}, first touch {ftc:.2f} ({lim_what} binds)",
                          f"{100 * lr / lim:.0f} %" if lim < float("inf") else "-", ""))

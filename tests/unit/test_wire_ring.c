@@ -107,6 +107,18 @@ static void test_wire(void) {
             for (int g = 0; g < 3; g++) n_own += expert_owner_in(l, x, g, 3, 2) >= 0;
             CHECK(n_own == 1 && expert_owner_in(l, x, 0, 1, 2) == expert_owner(l, x, 2), "owner of %d/%d", l, x);
         }
+    h = hello(); /* --preload-experts: the optional preload key round-trips (with a group too) and is 0 or 1 */
+    h.preload = 1;
+    h.group = 1;
+    h.n_groups = 2;
+    n = wire_encode_hello(&h, buf, sizeof buf);
+    k3_error_clear(&e);
+    CHECK(n > 0 && wire_decode_hello(buf, (size_t)n, &h2, &e) == 0 && !memcmp(&h, &h2, sizeof h), "preload hello: %s", e.msg);
+    mangle("hello with preload", dec_hello, buf, (size_t)n, &h2);
+    h.preload = 2;
+    n = wire_encode_hello(&h, buf, sizeof buf);
+    k3_error_clear(&e);
+    CHECK(wire_decode_hello(buf, (size_t)n, &h2, &e) == -1 && strstr(e.msg, "'preload'"), "preload 2: %s", e.msg);
     h = hello();
     h.n_slots = 65;
     n = wire_encode_hello(&h, buf, sizeof buf);

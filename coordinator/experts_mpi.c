@@ -364,7 +364,7 @@ int experts_mpi_serve(const mpi_options *o) {
             if (pool.run) rc = pool.run(&pool, hd.layer, z, hd.ntok, pt, pe, hd.npairs, (float *)resp, &e);
             else {
                 bt.inner = expert_cache_source(cache);
-                expert_source src = {beat_acquire, beat_release, beat_prefetch, &bt, 0};
+                expert_source src = {beat_acquire, beat_release, beat_prefetch, &bt, 0, NULL};
                 rc = expert_batch_run(k, &src, store.L, store.I, cfg.situ_beta, cfg.situ_linear_beta, hd.layer, z, hd.ntok, pt,
                                       pe, hd.npairs, (float *)resp, &e);
             }

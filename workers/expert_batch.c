@@ -68,7 +68,9 @@ int expert_batch_run_ws(const kernels *k, const expert_source *src, size_t L, si
     if (gmax > EXPERT_BATCH_GROUP_MAX) gmax = EXPERT_BATCH_GROUP_MAX;
     for (size_t i = 0; i < npairs;) {
         size_t ge = 0, s = i, lo[EXPERT_BATCH_GROUP_MAX], hi[EXPERT_BATCH_GROUP_MAX];
+        /* a group: the next experts up to max_held, ending before one still being read */
         while (s < npairs && ge < gmax) {
+            if (ge > 0 && src->ready && !src->ready(src->ctx, layer, keys[s].expert)) break;
             size_t j = s;
             while (j < npairs && keys[j].expert == keys[s].expert) j++;
             lo[ge] = s;

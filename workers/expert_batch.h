@@ -25,6 +25,10 @@ typedef struct {
      * computes all their w1/w3 products in one parallel region and all their w2 products in
      * another (matmul_mxfp4_list), instead of two regions per expert: the same bits. */
     size_t max_held;
+    /* Optional, with max_held > 1: 1 if acquire(layer, expert) would not wait (resident). A
+     * group ends before an expert that is not ready, which is then acquired and computed
+     * alone, so that computing it overlaps the reads of the experts after it. */
+    int (*ready)(void *ctx, int layer, int expert);
 } expert_source;
 
 int expert_batch_run(const kernels *k, const expert_source *src, size_t L, size_t I, double situ_beta,

@@ -716,9 +716,11 @@ int expert_cache_preload(expert_cache *c, size_t *loaded, void (*progress)(void 
     return rc;
 }
 
+static int cache_ready(void *ctx, int layer, int expert) { return find(ctx, layer, expert) != NULL; }
+
 expert_source expert_cache_source(expert_cache *c) {
     /* every expert has a slot of its own (a resident run): nothing is ever evicted, so a
      * batch may hold all its experts at once */
     return (expert_source){.acquire = cache_acquire, .release = cache_release, .prefetch = cache_prefetch, .ctx = c,
-                           .max_held = c->n_slots >= c->n_owned ? c->n_owned : 1};
+                           .max_held = c->n_slots >= c->n_owned ? c->n_owned : 1, .ready = cache_ready};
 }

@@ -66,7 +66,8 @@ int expert_cache_direct_io(const expert_cache *c);
 expert_cache_stats expert_cache_get_stats(const expert_cache *c);
 /* The expert_source that expert_batch_run uses (acquire/release/prefetch). When every
  * expert of the store has a slot (a resident run: nothing is ever evicted) a batch may hold
- * all its experts at once (max_held), else one at a time. */
+ * all its experts at once (max_held), else one at a time; an expert still being read ends a
+ * group (ready). */
 expert_source expert_cache_source(expert_cache *c);
 
 /* Several reads in flight (common/direct_read dr_pool of n_threads, pieces of 4 MiB): with

@@ -185,7 +185,7 @@ static int serve(server *sv, uint64_t seq, int32_t *ptok, int32_t *pexp, int32_t
                 k3_fail(&err, "expert %d of layer %d is not owned by worker %d", q.pair_expert[i], q.layer, sv->hello.worker);
         if (!err.set) {
             beating_source bs = {expert_cache_source(sv->cache), ctl};
-            expert_source src = {beat_acquire, beat_release, beat_prefetch, &bs, 0};
+            expert_source src = {beat_acquire, beat_release, beat_prefetch, &bs, 0, NULL};
             expert_batch_run(sv->k, &src, L, sv->store.I, sv->cfg.situ_beta, sv->cfg.situ_linear_beta, q.layer,
                              (const float *)ring_slot_payload(rg, rs), q.ntok, q.pair_token, q.pair_expert, q.npairs, y, &err);
         }

@@ -425,6 +425,12 @@ static int mapped_acquire(void *ctx, int layer, int expert, expert_weights *w, k
     return expert_weights_mapped(m->st, m->ck, layer, expert, w, err);
 }
 
+static int every_third_unready(void *ctx, int layer, int expert) {
+    (void)ctx;
+    (void)layer;
+    return expert % 3 != 0;
+}
+
 static void test_identical(model *m) {
     const kernels *k = kernels_get(SIMD_AUTO);
     size_t L = m->st.L, I = m->st.I;
@@ -439,7 +445,7 @@ static void test_identical(model *m) {
         z[i] = (float)((double)(seed >> 40) / (double)(1u << 24) - 0.5);
     }
     mapped_ctx mc = {&m->st, &m->ck};
-    expert_source msrc = {mapped_acquire, NULL, NULL, &mc, 0}; /* one expert at a time */
+    expert_source msrc = {mapped_acquire, NULL, NULL, &mc, 0, NULL}; /* one expert at a time */
     k3_error err = {0};
     /* 40 requests cycling over the MoE layers; each token picks K experts with some repetition */
     int32_t all_exp[NREQ][NTOK * K];
@@ -459,10 +465,11 @@ static void test_identical(model *m) {
     }
     /* experts held in groups (every w1/w3 of a group in one parallel region, every w2 in
      * another) == one at a time */
-    static const size_t groups[] = {2, 3, EXPERT_BATCH_GROUP_MAX};
+    static const size_t groups[] = {2, 3, EXPERT_BATCH_GROUP_MAX, EXPERT_BATCH_GROUP_MAX};
     for (size_t gi = 0; gi < sizeof groups / sizeof groups[0]; gi++) {
         expert_source gsrc = msrc;
         gsrc.max_held = groups[gi];
+        if (gi == 3) gsrc.ready = every_third_unready; /* groups end before an unready expert */
         int same = 1, rc = 0;
         for (int q = 0; q < NREQ && !rc; q++) {
             for (int i = 0; i < NTOK * K; i++) { ptok[i] = i / K; pexp[i] = all_exp[q][i]; }

@@ -107,6 +107,9 @@ int expert_batch_run_ws(const kernels *k, const expert_source *src, size_t L, si
             W2[e] = w[e].w2, x2[e] = g, y2[e] = y + lo[e] * L, n2[e] = n;
         }
         matmul_mxfp4_list(k, W13, x13, n13, y13, 2 * ge);
+        /* the group's activations split over the threads (each expert's alone may be too small
+         * for situ_glu to split) */
+#pragma omp parallel for schedule(static) if (ge > 1)
         for (size_t e = 0; e < ge; e++) {
             size_t n = hi[e] - lo[e];
             float *g = scratch + 2 * lo[e] * I;

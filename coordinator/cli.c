@@ -201,7 +201,8 @@ static const cli_flag FLAGS[] = {
      "queue depth); `0`: one synchronous pread at a time"},
     {"expert-prefetch", "off|predict|on", CLI_FN, 0, 0, 0, set_prefetch, "off",
      "after each MoE layer, predict the next MoE layer's experts from its router applied to this layer's input (router "
-     "copies: a plan line); `on`: start their reads (the cache that owns them, `--read-threads` > 0); `predict`: only score the "
+     "copies: a plan line); `on`: start their reads (the cache that owns them, `--read-threads` > 0; the plan keeps 2 x top-k "
+     "expert slots per cache before pinning trunk units, as far as the budget allows); `predict`: only score the "
      "prediction; `--json` `prefetch` gives recall, hinted reads used and wasted, read stall; never changes the ids"},
     {"preload-experts", NULL, CLI_SWITCH, OFF(preload_experts), 1, 0, NULL, NULL,
      "read the experts at load, as many as the expert caches hold (all of them when resident), instead of on first use: "

@@ -692,7 +692,8 @@ static int make_plan(const options *o, const k3_config *cfg, const k3_model *m, 
     size_t spec_k = (o->draft && strcmp(o->draft, "none")) || o->draft_model ? (size_t)o->draft_max : 0;
     const char *rb = o->draft_rollback ? o->draft_rollback : "auto";
     plan_spec sp = {spec_k, strcmp(rb, "refeed") != 0, 0, o->serve ? (size_t)o->parallel : 1, o->mpi ? mpi_ranks : 0,
-                    o->expert_prefetch && !o->mpi ? expert_predict_bytes(cfg) : 0};
+                    o->expert_prefetch && !o->mpi ? expert_predict_bytes(cfg) : 0,
+                    o->expert_prefetch == 2 && !o->mpi ? 2 * (size_t)cfg->num_experts_per_token : 0};
     if (o->draft_model && draft_model_plan_bytes(o->draft_model, (size_t)o->chunk, ctx + spec_k, &sp.draft_model_bytes, err))
         return -1;
     if (plan_make_spec(plan, cfg, m, budget, n_workers, (size_t)o->chunk, ctx, &sp, err)) {

@@ -102,6 +102,7 @@ int plan_make_spec(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t 
     }
     if (sp && sp->mpi_ranks > 0 && W == 0) p->mpi_ranks = sp->mpi_ranks;
     if (sp) p->predict_bytes = sp->predict_bytes;
+    if (sp) p->prefetch_slots = sp->prefetch_slots;
     p->budget = budget;
     p->n_workers = W;
     p->chunk = T;
@@ -166,6 +167,17 @@ int plan_make_spec(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t 
         return k3_fail(err, "a budget of %.3f GiB is below this model's floor of %.3f GiB (%llu bytes)", budget / GIB,
                        p->floor / GIB, (unsigned long long)p->floor);
     uint64_t extra = budget - p->floor;
+    /* --expert-prefetch on: up to prefetch_slots expert slots per cache before any trunk unit is
+     * pinned (a hint needs free slots beside the layer in use); the floor has one already */
+    uint64_t kept = 0;
+    if (servers && p->prefetch_slots > 1) {
+        uint64_t want = (uint64_t)p->prefetch_slots * p->expert_slot_bytes;
+        if (want > per_server_all) want = per_server_all;
+        uint64_t more = want > p->expert_slot_bytes ? want - p->expert_slot_bytes : 0;
+        if (more * servers > extra) more = extra / servers / p->expert_slot_bytes * p->expert_slot_bytes;
+        kept = more * servers;
+        extra -= kept;
+    }
     p->n_slots = PLAN_MIN_SLOTS;
     if (p->walk_total <= extra + PLAN_MIN_SLOTS * p->slot_bytes) { /* the whole walk fits: no slots at all */
         extra = extra + PLAN_MIN_SLOTS * p->slot_bytes - p->walk_total;
@@ -179,6 +191,7 @@ int plan_make_spec(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t 
             p->n_pinned++;
         }
     }
+    extra += kept; /* what the trunk did not take, with the slots kept for prefetching */
     uint64_t cache = servers ? p->expert_slot_bytes + extra / servers / p->expert_slot_bytes * p->expert_slot_bytes : 0;
     p->expert_cache_per_worker = cache < per_server_all ? cache : per_server_all;
     p->total = fixed + p->pinned_bytes + (uint64_t)p->n_slots * p->slot_bytes + servers * p->expert_cache_per_worker;
@@ -231,6 +244,9 @@ void plan_print(const mem_plan *p, const k3_config *c, FILE *f) {
     if (p->predict_bytes)
         fprintf(f, "  expert predictor       %12.1f MiB  (the next MoE layers' routers, bf16: --expert-prefetch)\n",
                 p->predict_bytes / MIB);
+    if (p->prefetch_slots)
+        fprintf(f, "  prefetch slots         up to %zu expert slots per cache kept before the trunk is pinned "
+                   "(--expert-prefetch on)\n", p->prefetch_slots);
     if (p->n_workers)
         fprintf(f, "  rings + server scratch %12.1f MiB\n", (p->ring_bytes + p->worker_scratch_bytes) / MIB);
     if (p->mpi_ranks)

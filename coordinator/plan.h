@@ -47,6 +47,7 @@ typedef struct {
     uint64_t spec_bytes;                /* k+1 logits rows and the state copies (gen_spec_bytes) */
     uint64_t draft_model_bytes;         /* --draft-model: its weights, state and scratch, resident */
     uint64_t predict_bytes;             /* --expert-prefetch: the next layers' router copies (expert_predict_bytes) */
+    size_t prefetch_slots;              /* plan_spec.prefetch_slots: expert slots per cache kept before pinning */
     int mpi_ranks;                      /* --mpi: expert ranks holding every expert (0: not --mpi); this
                                            process (rank 0) has no expert cache, slot or batch scratch */
     uint64_t mpi_bytes;                 /* --mpi: rank 0's request/answer buffers, one set per expert rank */
@@ -66,6 +67,9 @@ typedef struct {
     size_t seqs;                 /* sequences speculating at once (--serve: --parallel); 0 = 1 */
     int mpi_ranks;               /* --mpi: the plan of rank 0, experts on this many ranks (0: not --mpi) */
     uint64_t predict_bytes;      /* --expert-prefetch: expert_predict_bytes, 0 without it */
+    size_t prefetch_slots;       /* --expert-prefetch on: expert slots per cache kept before the trunk
+                                  * is pinned (2 x top-k: a layer in use and the next one predicted),
+                                  * as far as the budget allows; 0: none */
 } plan_spec;
 /* plan_make with speculation (sp NULL or k 0: none, = plan_make); its buffers and a draft
  * model are more fixed lines ("speculation", "draft model"), in the floor. With

@@ -8,7 +8,8 @@
 # are a plan line); --json `prefetch`: the prediction scored on every MoE layer after the
 # first, recall within [0, 1], hinted reads counted and used (a hint that is used is a hit), the
 # servers' counters summed through the ring's stats page. --preload-experts: the same bits, nothing
-# read after a resident load, a bad expert refused at load.
+# read after a resident load, a bad expert refused at load. --expert-prefetch on keeps 2 x top-k
+# expert slots per cache in the plan.
 set -u
 cd "$(dirname "$0")/.."
 K3="${K3_BIN:-bin/k3}"
@@ -72,6 +73,17 @@ PYEOF
       || fail "$name: no hinted read was ever used ($f)"
   done
 done
+# --expert-prefetch on keeps 2 x top-k expert slots (m13: 8) before the trunk is pinned, when the
+# budget allows: at the floor + 600 kB the plan without prefetching gives the cache one slot
+M=tests/models/m13
+"$K3" "$M" --ids 1 --gen 1 --workers 0 --expert-prefetch on --json "$T/p.json" > /dev/null 2>&1 || fail "prefetch slots: planning run"
+gb=$($PY -c "import math; print('%.9f' % (math.ceil(($(jget "$T/p.json" memory.floor_bytes) + 600000) / 2**30 * 1e9) / 1e9))")
+for pf in off on; do
+  "$K3" "$M" --ids 1 --gen 1 --workers 0 --mem-gb "$gb" --expert-prefetch $pf > /dev/null 2> "$T/ps.$pf" || fail "prefetch slots: $pf run"
+done
+slots() { sed -n 's/.*expert cache .*= \([0-9]*\) experts of.*/\1/p' "$1" | head -n 1; }
+[ "$(slots "$T/ps.on")" -ge 8 ] && [ "$(slots "$T/ps.off")" -lt 8 ] && grep -q "prefetch slots" "$T/ps.on" \
+  || fail "prefetch slots: on $(slots "$T/ps.on"), off $(slots "$T/ps.off") (want >= 8 with on, the plan naming them)"
 # a reader refused: --read-threads out of range is a usage error
 "$K3" tests/models/m13 --ids 1 --gen 1 --read-threads 300 > /dev/null 2> "$T/u.err"
 [ $? = 2 ] || fail "--read-threads 300 should be refused"

@@ -263,7 +263,7 @@ void matmul_dense_many(const kernels *k, const dense_weight *W, const float *con
     }
 }
 
-/* Job bi of an MXFP4 matmul: tile bi (K3_GEMM_NR rows x all tokens) when gemm, else row
+/* Job bi of an MXFP4 matmul: tile bi (K3_GEMM_NR rows, AVX-512 K3_GEMM_NR_AVX512, x all tokens) when gemm, else row
  * block bi (K3_ROWBLOCK rows, two tokens at a time where a _x2 kernel exists; one token
  * from xd, x in double, when the driver converted it). */
 static void mxfp4_job(const kernels *k, const rowblock_fns *rb, int gemm, const mxfp4_weight *W, const float *x,
@@ -271,7 +271,8 @@ static void mxfp4_job(const kernels *k, const rowblock_fns *rb, int gemm, const 
     const size_t rows = W->rows, cols = W->cols;
 #ifdef K3_HAVE_X86_KERNELS
     if (gemm) {
-        const size_t r0 = bi * K3_GEMM_NR, nr = rows - r0 < K3_GEMM_NR ? rows - r0 : K3_GEMM_NR;
+        const size_t per = rb->gemm == 2 ? K3_GEMM_NR_AVX512 : K3_GEMM_NR;
+        const size_t r0 = bi * per, nr = rows - r0 < per ? rows - r0 : per;
         (rb->gemm == 2 ? k3_gemm_mxfp4_avx512 : k3_gemm_mxfp4_avx2)(W->packed, W->scales, rows, cols, r0, nr, x, ntok, y);
         return;
     }
@@ -380,7 +381,7 @@ void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *con
             first[i + 1] = first[i];
             continue;
         }
-        const size_t per = gemm[i] ? K3_GEMM_NR : K3_ROWBLOCK;
+        const size_t per = !gemm[i] ? K3_ROWBLOCK : rb.gemm == 2 ? K3_GEMM_NR_AVX512 : K3_GEMM_NR;
         first[i + 1] = first[i] + (W[i].rows + per - 1) / per;
         if (rb.mxfp4_xd && ntok[i] == 1 && W[i].rows >= K3_ROWBLOCK) nxd += W[i].cols;
     }

@@ -10,16 +10,24 @@
  * with w = 0, x = 0 (the padded lanes add +0.0, as the contract's tail does); the
  * accumulators are reduced with k3_reduce8 at the end.
  *
- * Blocking: one call is a panel of up to K3_GEMM_NR_AVX512 (96) rows x all tokens,
- * in token blocks of at most TB (48) tokens (a call's blocks balanced: 64 tokens are
- * 32 + 32, not 48 + 16). Per token block and column block of KC columns, the
- * block's activations are converted once into double (xd, for all the panel's rows:
- * 1/96 of a conversion per multiply-add) and, per sub-tile of NS (12) rows, the
- * weights once (wd, for all the block's tokens: bf16 shift, f32 widening, MXFP4 by a
- * 16-entry table E2M1 x 2^(s-127) and vpermi2pd); then the 4-row x 6-token
- * micro-kernel keeps 24 FMA chains in registers (24 FMAs per 10 loads) token group by
- * token group, its wd and 6-token slice of xd in L1, the panel's accumulators
- * (NP x TB x 8 doubles, on the stack) in L2 between column blocks. Each row's and
+ * Blocking: one call is a panel of up to K3_GEMM_NR_AVX512 (96) rows x all tokens
+ * (dense and MXFP4 alike), in token blocks of at most TB (72) tokens (a call's blocks
+ * balanced: 100 tokens are 50 + 50, not 72 + 28). Per token block and column block of
+ * KC (256) columns, the block's activations are converted once into double (xd, for all
+ * the panel's rows: 1/96 of a conversion per multiply-add) and, per sub-tile of NS (12)
+ * rows, the weights once (wd, 24 KiB, for all the block's tokens: bf16 shift, f32
+ * widening, MXFP4 by a 16-entry table E2M1 x 2^(s-127) and vpermi2pd); then the 4-row x
+ * 6-token micro-kernel keeps 24 FMA chains in registers (24 FMAs per 10 loads: each
+ * activation is loaded into a register once, not folded into the 4 FMAs) token group by
+ * token group, over the KC / 8 = 32 steps of the column block, its wd in L1, the 6-token
+ * slice of xd in L1/L2, the panel's accumulators (NP x TB x 8 doubles, 432 KiB on the
+ * stack) in L2 between column blocks. Why these sizes (bench_kernels --gemm and a
+ * stand-alone sweep, 1 thread, 2026-12-01): with everything in L1 the micro-kernel runs
+ * at the FMA peak; in the kernel the accumulators' read-modify-write from L2 (128 bytes
+ * per KC / 8 multiply-adds of a chain) was the limit at KC 128 (this core's L2 sustains
+ * ~16 bytes/cycle of read-modify-write against ~50 of reads), and each block's weight
+ * decode (per TB tokens) and activation conversion (per panel) cost 20-25 % of the time;
+ * KC 256 halves the former, TB 72 takes a 64-token chunk in one block. Each row's and
  * token's next column block is prefetched while the current one is converted.
  * Compiled with -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma; the caller
  * checks the CPU. */
@@ -35,10 +43,10 @@
 #define NS 12 /* rows per weight sub-tile (decoded together, L1-resident; a multiple of 3, 4 and 6) */
 #endif
 #ifndef TB
-#define TB 48 /* tokens per token block at most (multiple of MT): each weight is decoded once for them */
+#define TB 72 /* tokens per token block at most (multiple of MT): each weight is decoded once for them */
 #endif
 #ifndef KC
-#define KC 128 /* columns per column block (multiple of 32: whole MXFP4 blocks) */
+#define KC 256 /* columns per column block (multiple of 32: whole MXFP4 blocks) */
 #endif
 
 #if NP % NS != 0 || NS % 12 != 0 || TB % MT != 0 || KC % 32 != 0
@@ -65,6 +73,9 @@ static inline __attribute__((always_inline)) void micro(const int R, const int T
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             __m512d xv = _mm512_load_pd(xd + (size_t)t * KC + c * 8);
+            /* in a register: otherwise GCC folds the load into each of the R FMAs (3x8: 27
+             * loads per 24 FMAs, load-bound; measured 10-30 % slower on that shape) */
+            __asm__("" : "+v"(xv));
 #pragma GCC unroll 8
             for (int r = 0; r < R; r++) a[r][t] = _mm512_fmadd_pd(w[r], xv, a[r][t]);
         }

@@ -272,20 +272,21 @@ static void test_threads(tstate *ts) {
 
 /* Prefill-sized batches: row counts across the multi-token kernels' row tiles (24;
  * AVX-512: 96-row panels of 24-row sub-tiles) and micro-kernels (3; AVX-512: 4), token
- * counts across their token blocks (16; AVX-512: at most 48, balanced) and
- * micro-kernels (4; AVX-512: 6), column counts across their column blocks (128) with tails: every (row, token)
- * of a batch == a single-token scalar call. */
+ * counts across their token blocks (16; AVX-512: at most 72, balanced) and
+ * micro-kernels (4; AVX-512: 6), column counts across their column blocks (AVX2 128, AVX-512 256) with tails:
+ * every (row, token) of a batch == a single-token scalar call. */
 static void test_batches(tstate *ts) {
     static const size_t shapes[][3] = {/* rows, cols, ntok */
                                        {1, 8, 4},     {2, 9, 5},      {25, 128, 6},  {47, 129, 7},
                                        {50, 300, 16}, {49, 256, 17},  {97, 1000, 33}, {24, 7175, 19},
                                        {73, 64, 40},  {5, 3584, 64},  {26, 160, 23}, {3, 3072, 12},
                                        /* the AVX-512 blocking: 4-row x 6-token micro-kernels, 12-row weight
-                                        * sub-tiles in 96-row panels, token blocks of at most 48 split evenly
-                                        * (49 -> 25 + 24, 97 -> 33 + 33 + 31, 100 -> 34 + 34 + 32,
-                                        * 481 -> 10 x 44 + 41) */
+                                        * sub-tiles in 96-row panels, 256-column blocks, token blocks of at
+                                        * most 72 split evenly (73 -> 37 + 36, 97 -> 49 + 48, 100 -> 50 + 50,
+                                        * 145 -> 49 + 49 + 47, 481 -> 6 x 69 + 67) */
                                        {30, 200, 25}, {23, 136, 48},  {7, 520, 53},  {48, 264, 11},
                                        {200, 300, 49}, {121, 264, 97}, {96, 128, 64}, {98, 40, 100},
+                                       {20, 600, 73}, {11, 776, 145}, {193, 257, 72},
                                        /* the last 1-5 tokens of a block: 7/8 tokens x 3 rows, 3/4 x 6, 5 x 4,
                                         * 1/2 x 8 (a block of fewer than 6: 4 or 5 tokens, rows 5, 13, 27) */
                                        {50, 96, 31}, {27, 64, 26}, {29, 72, 27}, {53, 40, 28}, {13, 100, 4},

@@ -302,18 +302,19 @@ float k3_dot_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const fl
  * weights from memory, best / mean of 20 calls in one lock hold, alternated: 1 thread
  * 17.2-20.0 / 15.9-16.6 GFLOP/s without, 20.4-26.1 / 18.8-24.6 with; 2 threads 32.8-35.8 /
  * 30.2-32.8 without, 38.6-44.3 / 35.9-39.9 with. Harmless at the last block of a matrix
- * (the lines after it, or the next matrix's). */
+ * (the lines after it, or the next matrix's). -DK3_MX_NEXT=N prefetches N blocks ahead
+ * (0 turns it off); 2 and 3 measured no better than 1 (03:57 UTC, same harness). */
 #ifndef K3_MX_NEXT
 #define K3_MX_NEXT 1
 #endif
 
 static inline __attribute__((always_inline)) void mxfp4_prefetch_next(const uint8_t *packed, const uint8_t *scales,
                                                                       size_t pr, size_t sr, size_t nb, size_t b) {
-    const char *q = (const char *)packed + 8 * pr + b * (8 * pr / nb); /* 8 pr / nb = 128 bytes */
+    const char *q = (const char *)packed + K3_MX_NEXT * 8 * pr + b * (8 * pr / nb); /* 8 pr / nb = 128 bytes */
     _mm_prefetch(q, _MM_HINT_T1);
     _mm_prefetch(q + 64, _MM_HINT_T1);
     if (b == 0)
-        for (size_t r = 0; r < 8 * sr; r += 64) _mm_prefetch((const char *)scales + 8 * sr + r, _MM_HINT_T1);
+        for (size_t r = 0; r < 8 * sr; r += 64) _mm_prefetch((const char *)scales + K3_MX_NEXT * 8 * sr + r, _MM_HINT_T1);
 }
 #ifndef K3_MX_AHEAD
 #define K3_MX_AHEAD 0

@@ -5,6 +5,7 @@
 #include "common/kernels.h"
 
 #include <math.h>
+#include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -353,6 +354,15 @@ void matmul_mxfp4_many(const kernels *k, const mxfp4_weight *W, const float *con
     }
 }
 
+/* job j of a list: the matrix it falls in, then its row block or tile there */
+static inline void mxfp4_list_job(const kernels *k, const rowblock_fns *rb, const mxfp4_weight *W,
+                                  const float *const *x, const double *const *xd, const size_t *ntok, float *const *y,
+                                  const size_t *first, const int *gemm, size_t j) {
+    size_t i = 0;
+    while (j >= first[i + 1]) i++;
+    mxfp4_job(k, rb, gemm[i], &W[i], x[i], xd[i], ntok[i], y[i], j - first[i]);
+}
+
 void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *const *x, const size_t *ntok,
                        float *const *y, size_t n) {
     if (n > K3_MATMUL_LIST_MAX) {
@@ -401,12 +411,20 @@ void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *con
         }
     }
     const size_t total = first[n];
-    /* one region for all n matmuls: each job finds its matrix */
+    /* one region for all n matmuls: each job finds its matrix. A dynamic schedule runs as guided
+     * (the same smallest chunk): a thread's first chunks are long runs of consecutive row blocks,
+     * whose next block the one-token kernels prefetch (16 rw6 experts, 2 threads, best of 20
+     * calls in four rounds: dynamic,4 38.8-43.1 GFLOP/s, guided,4 43.7-45.4) */
+    omp_sched_t kind;
+    int chunk;
+    omp_get_schedule(&kind, &chunk);
+    if (chunk < 1) chunk = 1;
+    if (((unsigned)kind & ~(unsigned)omp_sched_monotonic) == (unsigned)omp_sched_dynamic) {
+#pragma omp parallel for schedule(guided, chunk)
+        for (size_t j = 0; j < total; j++) mxfp4_list_job(k, &rb, W, x, xd, ntok, y, first, gemm, j);
+    } else {
 #pragma omp parallel for schedule(runtime)
-    for (size_t j = 0; j < total; j++) {
-        size_t i = 0;
-        while (j >= first[i + 1]) i++;
-        mxfp4_job(k, &rb, gemm[i], &W[i], x[i], xd[i], ntok[i], y[i], j - first[i]);
+        for (size_t j = 0; j < total; j++) mxfp4_list_job(k, &rb, W, x, xd, ntok, y, first, gemm, j);
     }
 }
 

@@ -68,7 +68,9 @@ int simd_level_parse(const char *s, simd_level *out);
  * schedule(runtime): the caller picks with omp_set_schedule. Static gives every thread
  * one contiguous share (a NUMA placement puts each share's rows on its node); dynamic
  * lets a running thread take the blocks of one the host has descheduled (a shared
- * machine). Which thread computes a row never changes its bits. */
+ * machine); the MXFP4 drivers run a dynamic schedule as guided with the same chunk (long runs
+ * of consecutive row blocks first, which the one-token kernels prefetch). Which thread
+ * computes a row never changes its bits. */
 void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_t ntok, float *y);
 void matmul_mxfp4(const kernels *k, const mxfp4_weight *W, const float *x, size_t ntok, float *y);
 /* n (<= K3_MATMUL_MANY_MAX) dense matmuls of ntok tokens in ONE parallel region, one

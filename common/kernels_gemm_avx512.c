@@ -14,7 +14,8 @@
  * (dense and MXFP4 alike), in token blocks of at most TB (72) tokens (a call's blocks
  * balanced: 100 tokens are 50 + 50, not 72 + 28). Per token block and column block of
  * KC (256) columns, the block's activations are converted once into double (xd, for all
- * the panel's rows: 1/96 of a conversion per multiply-add) and, per sub-tile of NS (12)
+ * the panel's rows: 1/96 of a conversion per multiply-add; 6 tokens at a time, each
+ * group just before the first sub-tile's micro-kernels use it) and, per sub-tile of NS (12)
  * rows, the weights once (wd, 24 KiB, for all the block's tokens: bf16 shift, f32
  * widening, MXFP4 by a 16-entry table E2M1 x 2^(s-127) and vpermi2pd); then the 4-row x
  * 6-token micro-kernel keeps 24 FMA chains in registers (24 FMAs per 10 loads: each
@@ -120,15 +121,32 @@ static inline __attribute__((always_inline)) void token_group(const int R, const
     }
 }
 
+/* Where a token block's activations come from when token_groups converts them itself
+ * (the first sub-tile of a column block): x of the block's first token, the row length,
+ * the column block (k0, kn, kn8) and whether the next one exists (prefetch). */
+typedef struct {
+    const float *x;
+    size_t cols, k0, kn, kn8;
+    int pf;
+} x_source;
+static void pack_x(const float *x, size_t cols, size_t nt, size_t k0, size_t kn, size_t kn8, int pf, double *xd);
+
 /* The nt tokens of a block against a sub-tile: groups of 6 tokens (4 rows each: 24
  * chains); the last 1-5 tokens in a shape that still keeps 16-24 chains: 7 or 8
  * tokens (the last 6 and 1-2 more) at 3 rows, 3-4 at 6 rows, 5 at 4, 1-2 (a block of
- * fewer than 6) at 8 rows. */
-static void token_groups(size_t nt, size_t ns, const double *wd, const double *xd, size_t nk8, double *acc) {
+ * fewer than 6) at 8 rows. With xs, each group's slice of xd is converted just before
+ * the group's first micro-kernel (it is then in L1 for them, and the conversion's
+ * stores overlap the FMAs around it instead of running as a pass of their own). */
+static void token_groups(size_t nt, size_t ns, const double *wd, double *xd, size_t nk8, double *acc,
+                         const x_source *xs) {
     const size_t q = nt / MT, rem = nt % MT;
     const size_t nfull = (rem == 1 || rem == 2) && q > 0 ? q - 1 : q;
     size_t t = 0;
-    for (size_t g = 0; g < nfull; g++, t += MT) token_group(MR, MT, ns, wd, xd + t * KC, nk8, acc + t * 8);
+    for (size_t g = 0; g < nfull; g++, t += MT) {
+        if (xs) pack_x(xs->x + t * xs->cols, xs->cols, MT, xs->k0, xs->kn, xs->kn8, xs->pf, xd + t * KC);
+        token_group(MR, MT, ns, wd, xd + t * KC, nk8, acc + t * 8);
+    }
+    if (xs && nt > t) pack_x(xs->x + t * xs->cols, xs->cols, nt - t, xs->k0, xs->kn, xs->kn8, xs->pf, xd + t * KC);
     xd += t * KC;
     acc += t * 8;
     switch (nt - t) {
@@ -234,15 +252,15 @@ static inline __attribute__((always_inline)) void gemm_tile(wkind kind, const vo
     const size_t tb = (ntok + nblk - 1) / nblk; /* <= TB; the last block is at most nblk - 1 tokens short */
     for (size_t t0 = 0; t0 < ntok; t0 += tb) {
         const size_t nt = ntok - t0 < tb ? ntok - t0 : tb;
-        memset(acc, 0, nr * TB * 8 * sizeof *acc);
+        for (size_t r = 0; r < nr; r++) memset(acc + r * TB * 8, 0, nt * 8 * sizeof *acc); /* the block's tokens only */
         for (size_t k0 = 0; k0 < cols; k0 += KC) {
             const size_t kn = cols - k0 < KC ? cols - k0 : KC, kn8 = (kn + 7) & ~(size_t)7;
             const int pf = k0 + KC < cols;
-            pack_x(x + t0 * cols, cols, nt, k0, kn, kn8, pf, xd);
+            const x_source xs = {x + t0 * cols, cols, k0, kn, kn8, pf};
             for (size_t s0 = 0; s0 < nr; s0 += NS) {
                 const size_t ns = nr - s0 < NS ? nr - s0 : NS;
                 pack_w(kind, w, scales, cols, r0 + s0, ns, k0, kn, kn8, pf, wd);
-                token_groups(nt, ns, wd, xd, kn8 / 8, acc + s0 * TB * 8);
+                token_groups(nt, ns, wd, xd, kn8 / 8, acc + s0 * TB * 8, s0 == 0 ? &xs : NULL);
             }
         }
         for (size_t t = 0; t < nt; t++)

@@ -10,10 +10,15 @@
 void rmsnorm(float *y, const float *x, const float *w, size_t n, double eps);
 /* x / sqrt(sum(x^2) + 1e-6) * scale, in place. */
 void l2norm_scaled(float *x, size_t n, double scale);
-/* SiTU-GLU: beta*tanh(g/beta) * sigmoid(g) * lbeta*tanh(u/lbeta); sigmoid on the UNCAPPED g. */
-/* Split over the OpenMP threads from SITU_PAR_MIN elements on (element-wise: the same bits). */
+/* SiTU-GLU: beta*tanh(g/beta) * sigmoid(g) * lbeta*tanh(u/lbeta); sigmoid on the UNCAPPED g.
+ * exp and tanh of its own (activations.c), vectorized with the same operations in every
+ * lane (target_clones: AVX-512, AVX2, baseline): the bits do not depend on the CPU's vector
+ * width. Split over the OpenMP threads from SITU_PAR_MIN elements on (element-wise: the
+ * same bits). */
 #define SITU_PAR_MIN 4096
 void situ_glu(float *out, const float *g, const float *u, size_t n, double beta, double lbeta);
+/* The same operations one element at a time, never vectorized, one thread (tests compare). */
+void situ_glu_scalar(float *out, const float *g, const float *u, size_t n, double beta, double lbeta);
 double sigmoid_d(double x);
 /* In-place softmax over n doubles (max-subtracted, double sum). */
 void softmax_d(double *x, size_t n);

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/activations.h"
 #include "common/kernels.h"
 #include "tests/unit/check.h"
 
@@ -708,6 +709,52 @@ static void test_api(tstate *ts) {
     CHECK(kernels_get((simd_level)42) == NULL, "kernels_get(unknown level) must be NULL");
 }
 
+/* SiTU-GLU (common/activations.c: exp and tanh of its own, vectorized by target_clones):
+ * the vector clone this CPU runs and the thread split give the bits of the one-element-at-a-
+ * time code on random and edge inputs (the tanh series / exp formula boundary at |y| = 1/8,
+ * the exp clamps, zeros, tiny and huge values), and every result is within one float ulp of
+ * libm's tanh / exp in double (almost all equal). */
+static void test_situ(void) {
+    enum { N = 100003 };
+    float *g = malloc(N * sizeof *g), *u = malloc(N * sizeof *u), *a = malloc(N * sizeof *a), *b = malloc(N * sizeof *b);
+    if (!g || !u || !a || !b) { CHECK(0, "out of memory"); free(g); free(u); free(a); free(b); return; }
+    static const float edge[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-8f, -1e-8f, 0.4999f, 0.5f, 0.5001f, -0.5f, 3.1249f,
+                                 3.125f, 3.1251f, -3.125f, 1.0f, -1.0f, 20.0f, -20.0f, 700.0f, -700.0f, 709.0f, -709.0f,
+                                 710.0f, -710.0f, 1e30f, -1e30f, 3.4e38f, -3.4e38f, 1e-45f, -1e-45f};
+    const size_t ne = sizeof edge / sizeof edge[0];
+    uint64_t s = 77;
+    for (size_t i = 0; i < N; i++) {
+        g[i] = i < ne * ne ? edge[i / ne] : rnd_float(&s);
+        u[i] = i < ne * ne ? edge[i % ne] : rnd_float(&s);
+    }
+    const double beta = 4.0, lbeta = 25.0;
+    for (int th = 1; th <= 2; th++) {
+        omp_set_num_threads(th);
+        for (size_t n = N; n >= 1; n = n > 64 ? n / 3 : n - 1) {
+            situ_glu(a, g, u, n, beta, lbeta);
+            situ_glu_scalar(b, g, u, n, beta, lbeta);
+            size_t bad = 0;
+            for (size_t i = 0; i < n; i++) bad += memcmp(&a[i], &b[i], sizeof a[i]) != 0;
+            CHECK(bad == 0, "situ_glu n=%zu, %d threads: %zu elements differ from one at a time", n, th, bad);
+        }
+    }
+    size_t off = 0, equal = 0;
+    for (size_t i = 0; i < N; i++) {
+        double gv = g[i], uv = u[i];
+        float ref = (float)(beta * tanh(gv / beta) * (1.0 / (1.0 + exp(-gv))) * (lbeta * tanh(uv / lbeta)));
+        equal += memcmp(&ref, &a[i], sizeof ref) == 0;
+        double ulp = ldexp(1.0, -23) * fmax(fabs((double)ref), 1e-37);
+        if (!(fabs((double)a[i] - (double)ref) <= ulp)) {
+            if (off++ < 5) printf("  situ g=%g u=%g: %.9g, libm %.9g\n", gv, uv, a[i], ref);
+        }
+    }
+    CHECK(off == 0, "situ_glu: %zu of %d results more than one float ulp from libm", off, N);
+    CHECK(equal >= N - N / 1000, "situ_glu: only %zu of %d results equal libm's", equal, N);
+    printf("situ_glu: %zu of %d equal to libm's bits, none more than one ulp off\n", equal, N);
+    omp_set_num_threads(omp_get_num_procs());
+    free(g); free(u); free(a); free(b);
+}
+
 int main(void) {
     tstate ts = {0};
     static const simd_level want[3] = {SIMD_SCALAR, SIMD_AVX2, SIMD_AVX512};
@@ -746,6 +793,7 @@ int main(void) {
     test_mxfp4_many(&ts);
     test_mxfp4_list(&ts);
     test_fma_is_exact();
+    test_situ();
 
     if (check_failures) {
         printf("test_kernels: %d of %d checks FAILED\n", check_failures, check_count);

@@ -28,7 +28,9 @@
  * per KC / 8 multiply-adds of a chain) was the limit at KC 128 (this core's L2 sustains
  * ~16 bytes/cycle of read-modify-write against ~50 of reads), and each block's weight
  * decode (per TB tokens) and activation conversion (per panel) cost 20-25 % of the time;
- * KC 256 halves the former, TB 72 takes a 64-token chunk in one block. Each row's and
+ * KC 256 halves the former, TB 72 takes a 64-token chunk in one block. A token block of
+ * fewer than KC_SMALL_TOK (32) tokens (an expert's share of a prompt chunk) uses KC_SMALL
+ * (128) columns instead: its xd and wd then fit L1 together (18 tokens: +4 %). Each row's and
  * token's next column block is prefetched while the current one is converted.
  * Compiled with -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma; the caller
  * checks the CPU. */
@@ -49,8 +51,12 @@
 #ifndef KC
 #define KC 256 /* columns per column block (multiple of 32: whole MXFP4 blocks) */
 #endif
+#ifndef KC_SMALL
+#define KC_SMALL 128 /* ... for a token block of fewer than KC_SMALL_TOK tokens (its xd and wd then fit L1 together) */
+#endif
+#define KC_SMALL_TOK 32
 
-#if NP % NS != 0 || NS % 12 != 0 || TB % MT != 0 || KC % 32 != 0
+#if NP % NS != 0 || NS % 12 != 0 || TB % MT != 0 || KC % 32 != 0 || KC_SMALL % 32 != 0 || KC_SMALL > KC
 #error "bad gemm blocking"
 #endif
 
@@ -60,7 +66,7 @@ typedef enum { W_F32, W_BF16, W_MXFP4 } wkind;
  * and T tokens (acc rows TB tokens apart); R x T chains + R weights + 1 activation
  * must fit the 32 registers (the shapes used: 4x6, 3x7, 3x8, 6x3, 6x4, 4x5, 8x2, 8x1,
  * and up to 4x6 for a sub-tile's partial row group). */
-static inline __attribute__((always_inline)) void micro(const int R, const int T, const double *wd,
+static inline __attribute__((always_inline)) void micro(const int R, const int T, const size_t kc, const double *wd,
                                                         const double *xd, size_t nk8, double *acc) {
     __m512d a[8][8];
 #pragma GCC unroll 8
@@ -70,10 +76,10 @@ static inline __attribute__((always_inline)) void micro(const int R, const int T
     for (size_t c = 0; c < nk8; c++) {
         __m512d w[8];
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) w[r] = _mm512_load_pd(wd + (size_t)r * KC + c * 8);
+        for (int r = 0; r < R; r++) w[r] = _mm512_load_pd(wd + (size_t)r * kc + c * 8);
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
-            __m512d xv = _mm512_load_pd(xd + (size_t)t * KC + c * 8);
+            __m512d xv = _mm512_load_pd(xd + (size_t)t * kc + c * 8);
             /* in a register: otherwise GCC folds the load into each of the R FMAs (3x8: 27
              * loads per 24 FMAs, load-bound; measured 10-30 % slower on that shape) */
             __asm__("" : "+v"(xv));
@@ -90,14 +96,14 @@ static inline __attribute__((always_inline)) void micro(const int R, const int T
 /* any R <= MR rows x T <= MT tokens: wd/xd/acc already offset */
 #define K3_MICRO_T(R)                                                                                       \
     switch (T) {                                                                                            \
-    case 6: micro(R, 6, wd, xd, nk8, acc); break;                                                           \
-    case 5: micro(R, 5, wd, xd, nk8, acc); break;                                                           \
-    case 4: micro(R, 4, wd, xd, nk8, acc); break;                                                           \
-    case 3: micro(R, 3, wd, xd, nk8, acc); break;                                                           \
-    case 2: micro(R, 2, wd, xd, nk8, acc); break;                                                           \
-    default: micro(R, 1, wd, xd, nk8, acc); break;                                                          \
+    case 6: micro(R, 6, kc, wd, xd, nk8, acc); break;                                                           \
+    case 5: micro(R, 5, kc, wd, xd, nk8, acc); break;                                                           \
+    case 4: micro(R, 4, kc, wd, xd, nk8, acc); break;                                                           \
+    case 3: micro(R, 3, kc, wd, xd, nk8, acc); break;                                                           \
+    case 2: micro(R, 2, kc, wd, xd, nk8, acc); break;                                                           \
+    default: micro(R, 1, kc, wd, xd, nk8, acc); break;                                                          \
     }
-static void micro_any(int R, int T, const double *wd, const double *xd, size_t nk8, double *acc) {
+static void micro_any(int R, int T, size_t kc, const double *wd, const double *xd, size_t nk8, double *acc) {
     switch (R) {
     case 4: K3_MICRO_T(4) break;
     case 3: K3_MICRO_T(3) break;
@@ -110,14 +116,14 @@ static void micro_any(int R, int T, const double *wd, const double *xd, size_t n
 /* One token group (T tokens) against the ns rows of a weight sub-tile: R-row
  * micro-kernels, the rows left (ns % R: a panel's last sub-tile, or 4 of 12 rows for
  * the 8-row shape) in pieces of at most MR rows x MT tokens. */
-static inline __attribute__((always_inline)) void token_group(const int R, const int T, size_t ns, const double *wd,
-                                                              const double *xd, size_t nk8, double *acc) {
+static inline __attribute__((always_inline)) void token_group(const int R, const int T, const size_t kc, size_t ns,
+                                                              const double *wd, const double *xd, size_t nk8, double *acc) {
     size_t r = 0;
-    for (; r + (size_t)R <= ns; r += (size_t)R) micro(R, T, wd + r * KC, xd, nk8, acc + r * TB * 8);
+    for (; r + (size_t)R <= ns; r += (size_t)R) micro(R, T, kc, wd + r * kc, xd, nk8, acc + r * TB * 8);
     for (; r < ns; r += MR) {
         const int rr = ns - r < MR ? (int)(ns - r) : MR;
         for (int t = 0; t < T; t += MT)
-            micro_any(rr, T - t < MT ? T - t : MT, wd + r * KC, xd + (size_t)t * KC, nk8, acc + (r * TB + (size_t)t) * 8);
+            micro_any(rr, T - t < MT ? T - t : MT, kc, wd + r * kc, xd + (size_t)t * kc, nk8, acc + (r * TB + (size_t)t) * 8);
     }
 }
 
@@ -129,7 +135,8 @@ typedef struct {
     size_t cols, k0, kn, kn8;
     int pf;
 } x_source;
-static void pack_x(const float *x, size_t cols, size_t nt, size_t k0, size_t kn, size_t kn8, int pf, double *xd);
+static void pack_x(const float *x, size_t cols, size_t nt, size_t k0, size_t kn, size_t kn8, int pf, size_t kc,
+                   double *xd);
 
 /* The nt tokens of a block against a sub-tile: groups of 6 tokens (4 rows each: 24
  * chains); the last 1-5 tokens in a shape that still keeps 16-24 chains: 7 or 8
@@ -137,28 +144,36 @@ static void pack_x(const float *x, size_t cols, size_t nt, size_t k0, size_t kn,
  * fewer than 6) at 8 rows. With xs, each group's slice of xd is converted just before
  * the group's first micro-kernel (it is then in L1 for them, and the conversion's
  * stores overlap the FMAs around it instead of running as a pass of their own). */
-static void token_groups(size_t nt, size_t ns, const double *wd, double *xd, size_t nk8, double *acc,
-                         const x_source *xs) {
+static inline __attribute__((always_inline)) void token_groups_kc(const size_t kc, size_t nt, size_t ns,
+                                                                  const double *wd, double *xd, size_t nk8,
+                                                                  double *acc, const x_source *xs) {
     const size_t q = nt / MT, rem = nt % MT;
     const size_t nfull = (rem == 1 || rem == 2) && q > 0 ? q - 1 : q;
     size_t t = 0;
     for (size_t g = 0; g < nfull; g++, t += MT) {
-        if (xs) pack_x(xs->x + t * xs->cols, xs->cols, MT, xs->k0, xs->kn, xs->kn8, xs->pf, xd + t * KC);
-        token_group(MR, MT, ns, wd, xd + t * KC, nk8, acc + t * 8);
+        if (xs) pack_x(xs->x + t * xs->cols, xs->cols, MT, xs->k0, xs->kn, xs->kn8, xs->pf, kc, xd + t * kc);
+        token_group(MR, MT, kc, ns, wd, xd + t * kc, nk8, acc + t * 8);
     }
-    if (xs && nt > t) pack_x(xs->x + t * xs->cols, xs->cols, nt - t, xs->k0, xs->kn, xs->kn8, xs->pf, xd + t * KC);
-    xd += t * KC;
+    if (xs && nt > t) pack_x(xs->x + t * xs->cols, xs->cols, nt - t, xs->k0, xs->kn, xs->kn8, xs->pf, kc, xd + t * kc);
+    xd += t * kc;
     acc += t * 8;
     switch (nt - t) {
     case 0: break;
-    case 8: token_group(3, 8, ns, wd, xd, nk8, acc); break;
-    case 7: token_group(3, 7, ns, wd, xd, nk8, acc); break;
-    case 5: token_group(4, 5, ns, wd, xd, nk8, acc); break;
-    case 4: token_group(6, 4, ns, wd, xd, nk8, acc); break;
-    case 3: token_group(6, 3, ns, wd, xd, nk8, acc); break;
-    case 2: token_group(8, 2, ns, wd, xd, nk8, acc); break;
-    default: token_group(8, 1, ns, wd, xd, nk8, acc); break;
+    case 8: token_group(3, 8, kc, ns, wd, xd, nk8, acc); break;
+    case 7: token_group(3, 7, kc, ns, wd, xd, nk8, acc); break;
+    case 5: token_group(4, 5, kc, ns, wd, xd, nk8, acc); break;
+    case 4: token_group(6, 4, kc, ns, wd, xd, nk8, acc); break;
+    case 3: token_group(6, 3, kc, ns, wd, xd, nk8, acc); break;
+    case 2: token_group(8, 2, kc, ns, wd, xd, nk8, acc); break;
+    default: token_group(8, 1, kc, ns, wd, xd, nk8, acc); break;
     }
+}
+
+/* token_groups_kc for a column block of kc (KC or KC_SMALL) columns: xd and wd rows kc apart */
+static void token_groups(size_t kc, size_t nt, size_t ns, const double *wd, double *xd, size_t nk8, double *acc,
+                         const x_source *xs) {
+    if (kc == KC) token_groups_kc(KC, nt, ns, wd, xd, nk8, acc, xs);
+    else token_groups_kc(KC_SMALL, nt, ns, wd, xd, nk8, acc, xs);
 }
 
 #ifndef PF_HINT
@@ -169,13 +184,14 @@ static inline __attribute__((always_inline)) void prefetch_span(const void *p, s
     for (size_t o = 0; o < n; o += 64) _mm_prefetch((const char *)p + o, PF_HINT);
 }
 
-/* xd[t][0..KC) = x[t][k0 .. k0+kn) in double, zero beyond kn (kn8 = kn rounded up to 8);
+/* xd[t][0..kc) = x[t][k0 .. k0+kn) in double, zero beyond kn (kn8 = kn rounded up to 8);
  * prefetches each token's next column block (pf: the block exists) */
-static void pack_x(const float *x, size_t cols, size_t nt, size_t k0, size_t kn, size_t kn8, int pf, double *xd) {
+static void pack_x(const float *x, size_t cols, size_t nt, size_t k0, size_t kn, size_t kn8, int pf, size_t kc,
+                   double *xd) {
     for (size_t t = 0; t < nt; t++) {
         const float *xs = x + t * cols + k0;
-        double *d = xd + t * KC;
-        if (pf) prefetch_span(xs + KC, KC * sizeof(float));
+        double *d = xd + t * kc;
+        if (pf) prefetch_span(xs + kc, kc * sizeof(float));
         size_t k = 0;
         for (; k + 8 <= kn; k += 8) _mm512_store_pd(d + k, _mm512_cvtps_pd(_mm256_loadu_ps(xs + k)));
         for (; k < kn; k++) d[k] = (double)xs[k];
@@ -187,37 +203,37 @@ static inline __m256 bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
-/* wd[r][0..KC) = row r0 + r of W, columns k0 .. k0+kn, as exact doubles; zero beyond kn.
+/* wd[r][0..kc) = row r0 + r of W, columns k0 .. k0+kn, as exact doubles; zero beyond kn.
  * MXFP4: a block's 16-entry table E2M1 x 2^(s-127) (exact in double) indexed by the codes
  * with vpermi2pd, which reads bits 0..3 of each 64-bit lane (the 64-bit word of packed
  * bytes holds element k in bits 4k..4k+3: broadcast, shift lane k right by 4k or 4k-32).
  * Prefetches each row's next column block (pf: the block exists). */
 static inline __attribute__((always_inline)) void pack_w(wkind kind, const void *w, const uint8_t *scales,
                                                          size_t cols, size_t r0, size_t nr, size_t k0, size_t kn,
-                                                         size_t kn8, int pf, double *wd) {
+                                                         size_t kn8, int pf, size_t kc, double *wd) {
     const __m512i sh_lo = _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28);
     const __m512i sh_hi = _mm512_setr_epi64(32, 36, 40, 44, 48, 52, 56, 60);
     const __m512d pos = _mm512_setr_pd(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
     const __m512d neg = _mm512_setr_pd(-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0);
     for (size_t r = 0; r < nr; r++) {
-        double *d = wd + r * KC;
+        double *d = wd + r * kc;
         size_t k = 0;
         if (kind == W_F32) {
             const float *ws = (const float *)w + (r0 + r) * cols + k0;
-            if (pf) prefetch_span(ws + KC, KC * 4);
+            if (pf) prefetch_span(ws + kc, kc * 4);
             for (; k + 8 <= kn; k += 8) _mm512_store_pd(d + k, _mm512_cvtps_pd(_mm256_loadu_ps(ws + k)));
             for (; k < kn; k++) d[k] = (double)ws[k];
         } else if (kind == W_BF16) {
             const uint16_t *ws = (const uint16_t *)w + (r0 + r) * cols + k0;
-            if (pf) prefetch_span(ws + KC, KC * 2);
+            if (pf) prefetch_span(ws + kc, kc * 2);
             for (; k + 8 <= kn; k += 8) _mm512_store_pd(d + k, _mm512_cvtps_pd(bf16x8(ws + k)));
             for (; k < kn; k++) d[k] = (double)bf16_to_f32(ws[k]);
         } else { /* kn % 32 == 0: whole blocks */
             const uint8_t *ps = (const uint8_t *)w + (r0 + r) * (cols / 2) + k0 / 2;
             const uint8_t *ss = scales + (r0 + r) * (cols / 32) + k0 / 32;
             if (pf) {
-                prefetch_span(ps + KC / 2, KC / 2);
-                _mm_prefetch((const char *)ss + KC / 32, PF_HINT);
+                prefetch_span(ps + kc / 2, kc / 2);
+                _mm_prefetch((const char *)ss + kc / 32, PF_HINT);
             }
             for (; k < kn; k += 32) {
                 const __m512d s = _mm512_set1_pd(k3_mxfp4_scale(ss[k / 32]));
@@ -253,14 +269,15 @@ static inline __attribute__((always_inline)) void gemm_tile(wkind kind, const vo
     for (size_t t0 = 0; t0 < ntok; t0 += tb) {
         const size_t nt = ntok - t0 < tb ? ntok - t0 : tb;
         for (size_t r = 0; r < nr; r++) memset(acc + r * TB * 8, 0, nt * 8 * sizeof *acc); /* the block's tokens only */
-        for (size_t k0 = 0; k0 < cols; k0 += KC) {
-            const size_t kn = cols - k0 < KC ? cols - k0 : KC, kn8 = (kn + 7) & ~(size_t)7;
-            const int pf = k0 + KC < cols;
+        const size_t kc = nt < KC_SMALL_TOK ? KC_SMALL : KC;
+        for (size_t k0 = 0; k0 < cols; k0 += kc) {
+            const size_t kn = cols - k0 < kc ? cols - k0 : kc, kn8 = (kn + 7) & ~(size_t)7;
+            const int pf = k0 + kc < cols;
             const x_source xs = {x + t0 * cols, cols, k0, kn, kn8, pf};
             for (size_t s0 = 0; s0 < nr; s0 += NS) {
                 const size_t ns = nr - s0 < NS ? nr - s0 : NS;
-                pack_w(kind, w, scales, cols, r0 + s0, ns, k0, kn, kn8, pf, wd);
-                token_groups(nt, ns, wd, xd, kn8 / 8, acc + s0 * TB * 8, s0 == 0 ? &xs : NULL);
+                pack_w(kind, w, scales, cols, r0 + s0, ns, k0, kn, kn8, pf, kc, wd);
+                token_groups(kc, nt, ns, wd, xd, kn8 / 8, acc + s0 * TB * 8, s0 == 0 ? &xs : NULL);
             }
         }
         for (size_t t = 0; t < nt; t++)

@@ -6,7 +6,7 @@
 # --expect, index/shard mismatch, a shard the index does not know, a wrong shape) gives
 # exit 2 naming shard, tensor, element or offset; a copy with several damages names
 # EVERY one; usage errors give 2. --doctor exits 0, prints the topology it sees, and names
-# ulimit -n/-f/-v below what k3 needs and a --mem-gb below the floor with their fixes.
+# ulimit -n/-f/-v/-s and OMP_STACKSIZE below what k3 needs and a --mem-gb below the floor with their fixes.
 # Env (from tests/run.sh): K3_BIN, PYTHON, K3_TEST_TMP.
 set -u
 cd "$(dirname "$0")/.."
@@ -164,6 +164,11 @@ n=$((n+1))
 (ulimit -n 40; ulimit -f 100000; "$K3_BIN" --doctor "$MODEL") >"$T/doc" 2>"$T/err"; rc=$?
 [ "$rc" -eq 0 ] && grep -q "PROBLEM: ulimit -n is 40 but .*Fix: ulimit -n 73" "$T/doc" && grep -q "PROBLEM: ulimit -f is 100000 KiB.*Fix: ulimit -f unlimited" "$T/doc" ||
   bad "--doctor with ulimit -n 40 -f 100000: exit $rc: $(grep PROBLEM "$T/doc") $(tail -2 "$T/err")"
+# a stack too small for a prefill kernel call (ulimit -s, OMP_STACKSIZE) is named with its fix
+(ulimit -s 1024; OMP_STACKSIZE=256K "$K3_BIN" --doctor "$MODEL") >"$T/doc" 2>"$T/err"; rc=$?
+[ "$rc" -eq 0 ] && grep -q "PROBLEM: ulimit -s is 1024 KiB.*Fix: ulimit -s 8192" "$T/doc" &&
+  grep -q "PROBLEM: OMP_STACKSIZE=256K .*Fix:" "$T/doc" ||
+  bad "--doctor with ulimit -s 1024, OMP_STACKSIZE=256K: exit $rc: $(grep PROBLEM "$T/doc") $(tail -2 "$T/err")"
 if grep -q __asan_init "$K3_BIN" 2>/dev/null; then
   echo "skip --doctor under ulimit -v: $K3_BIN is built with AddressSanitizer (its shadow memory needs the address space)"
 else

@@ -330,7 +330,10 @@ static inline void mxfp4_offsets(const uint8_t *s, size_t nb, uint32_t *off) {
     }
 }
 
-void k3_rows_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out) {
+/* The 8 rows' body; x (float, widened here per block) or xd (already double): with the
+ * constant NULL of each caller the other branch compiles away. */
+static inline __attribute__((always_inline)) void mxfp4_rows8(const uint8_t *packed, const uint8_t *scales,
+                                                              const float *x, const double *xd, size_t n, float *out) {
     const mxfp4_consts c = mxfp4_init();
     const size_t pr = n / 2, sr = n / 32, nb = n / 32; /* row strides; blocks per row */
     const char *tab = (const char *)mxfp4_tab;
@@ -341,10 +344,17 @@ void k3_rows_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const fl
         for (size_t r = 0; r < 8; r++) mxfp4_offsets(scales + r * sr + b0, nbc, off[r]);
         for (size_t b = 0; b < nbc; b++) {
             const uint8_t *p = packed + (b0 + b) * 16;
-            const float *xb = x + (b0 + b) * 32;
             if (K3_MX_AHEAD && (b & 3) == 0) prefetch_rows8(p, pr, K3_MX_AHEAD);
             if (K3_MX_NEXT) mxfp4_prefetch_next(packed, scales, pr, sr, nb, b0 + b);
-            const __m512d x0 = f32x8(xb), x1 = f32x8(xb + 8), x2 = f32x8(xb + 16), x3 = f32x8(xb + 24);
+            __m512d x0, x1, x2, x3;
+            if (xd) {
+                const double *xb = xd + (b0 + b) * 32;
+                x0 = _mm512_loadu_pd(xb), x1 = _mm512_loadu_pd(xb + 8), x2 = _mm512_loadu_pd(xb + 16),
+                x3 = _mm512_loadu_pd(xb + 24);
+            } else {
+                const float *xb = x + (b0 + b) * 32;
+                x0 = f32x8(xb), x1 = f32x8(xb + 8), x2 = f32x8(xb + 16), x3 = f32x8(xb + 24);
+            }
 #define K3_MX_ROW(a, r) a = mxfp4_block(&c, a, p + (r) * pr, (const double *)(tab + off[r][b]), x0, x1, x2, x3)
             K3_MX_ROW(a0, 0);
             K3_MX_ROW(a1, 1);
@@ -360,38 +370,16 @@ void k3_rows_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const fl
     K3_ACC_OUT(out, a0, a1, a2, a3, a4, a5, a6, a7);
 }
 
+void k3_rows_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out) {
+    mxfp4_rows8(packed, scales, x, NULL, n, out);
+}
+
 /* The same 8 rows with x already in double (xd[i] == (double)x[i], converted once per
  * call by the driver instead of once per 8 rows here): the block's 4 x vectors are plain
  * loads, which the FMAs take as memory operands (8 fewer vector uops per block of 8
  * rows: 2 per conversion). The same operations on the same doubles: the same bits. */
 void k3_rows_mxfp4_xd_avx512(const uint8_t *packed, const uint8_t *scales, const double *xd, size_t n, float *out) {
-    const mxfp4_consts c = mxfp4_init();
-    const size_t pr = n / 2, sr = n / 32, nb = n / 32;
-    const char *tab = (const char *)mxfp4_tab;
-    uint32_t off[8][K3_MX_CHUNK];
-    K3_ACC_DECL;
-    for (size_t b0 = 0; b0 < nb; b0 += K3_MX_CHUNK) {
-        const size_t nbc = nb - b0 < K3_MX_CHUNK ? nb - b0 : K3_MX_CHUNK;
-        for (size_t r = 0; r < 8; r++) mxfp4_offsets(scales + r * sr + b0, nbc, off[r]);
-        for (size_t b = 0; b < nbc; b++) {
-            const uint8_t *p = packed + (b0 + b) * 16;
-            const double *xb = xd + (b0 + b) * 32;
-            if (K3_MX_NEXT) mxfp4_prefetch_next(packed, scales, pr, sr, nb, b0 + b);
-            const __m512d x0 = _mm512_loadu_pd(xb), x1 = _mm512_loadu_pd(xb + 8), x2 = _mm512_loadu_pd(xb + 16),
-                          x3 = _mm512_loadu_pd(xb + 24);
-#define K3_MX_ROW(a, r) a = mxfp4_block(&c, a, p + (r) * pr, (const double *)(tab + off[r][b]), x0, x1, x2, x3)
-            K3_MX_ROW(a0, 0);
-            K3_MX_ROW(a1, 1);
-            K3_MX_ROW(a2, 2);
-            K3_MX_ROW(a3, 3);
-            K3_MX_ROW(a4, 4);
-            K3_MX_ROW(a5, 5);
-            K3_MX_ROW(a6, 6);
-            K3_MX_ROW(a7, 7);
-#undef K3_MX_ROW
-        }
-    }
-    K3_ACC_OUT(out, a0, a1, a2, a3, a4, a5, a6, a7);
+    mxfp4_rows8(packed, scales, NULL, xd, n, out);
 }
 
 /* 4 rows x 2 tokens (x and x + n): each decoded weight vector serves both tokens;

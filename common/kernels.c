@@ -363,6 +363,13 @@ static inline void mxfp4_list_job(const kernels *k, const rowblock_fns *rb, cons
     mxfp4_job(k, rb, gemm[i], &W[i], x[i], xd[i], ntok[i], y[i], j - first[i]);
 }
 
+/* The first one-token matrix (one[j]) before i with the same x and width, or i. */
+static size_t shared_x(const mxfp4_weight *W, const float *const *x, const int *one, size_t i) {
+    for (size_t j = 0; j < i; j++)
+        if (one[j] && x[j] == x[i] && W[j].cols == W[i].cols) return j;
+    return i;
+}
+
 void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *const *x, const size_t *ntok,
                        float *const *y, size_t n) {
     if (n > K3_MATMUL_LIST_MAX) {
@@ -376,6 +383,7 @@ void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *con
     int gemm[K3_MATMUL_LIST_MAX];
     const double *xd[K3_MATMUL_LIST_MAX];
     size_t nxd = 0; /* doubles needed for the one-token inputs (each distinct x once) */
+    int one[K3_MATMUL_LIST_MAX]; /* matrix i takes its x in double */
     first[0] = 0;
     for (size_t i = 0; i < n; i++) {
 #ifdef K3_HAVE_X86_KERNELS
@@ -384,6 +392,7 @@ void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *con
         gemm[i] = 0;
 #endif
         xd[i] = NULL;
+        one[i] = 0;
         if (W[i].cols % 32 != 0) { /* refused at load time (config_parse: expert widths % 32) */
             char what[80];
             snprintf(what, sizeof what, "matmul_mxfp4: cols %zu is not a multiple of 32", W[i].cols);
@@ -393,22 +402,20 @@ void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *con
         }
         const size_t per = !gemm[i] ? K3_ROWBLOCK : rb.gemm == 2 ? K3_GEMM_NR_AVX512 : K3_GEMM_NR;
         first[i + 1] = first[i] + (W[i].rows + per - 1) / per;
-        if (rb.mxfp4_xd && ntok[i] == 1 && W[i].rows >= K3_ROWBLOCK) nxd += W[i].cols;
+        one[i] = rb.mxfp4_xd && ntok[i] == 1 && W[i].rows >= K3_ROWBLOCK;
+        if (one[i] && shared_x(W, x, one, i) == i) nxd += W[i].cols;
     }
-    /* x of the one-token matrices in double, converted once here instead of once per row block */
+    /* x of the one-token matrices in double, converted once here instead of once per row block
+     * (nxd counted each distinct x once: what matmul_reserve_x reserves for a decode step) */
     double *buf = nxd ? xd_get(nxd) : NULL;
-    if (buf) {
-        size_t used = 0;
-        for (size_t i = 0; i < n; i++) {
-            if (!(rb.mxfp4_xd && ntok[i] == 1 && W[i].rows >= K3_ROWBLOCK && W[i].cols % 32 == 0)) continue;
-            for (size_t j = 0; j < i && !xd[i]; j++)
-                if (xd[j] && x[j] == x[i] && W[j].cols == W[i].cols) xd[i] = xd[j];
-            if (xd[i]) continue;
-            double *d = buf + used;
-            for (size_t c = 0; c < W[i].cols; c++) d[c] = (double)x[i][c];
-            xd[i] = d;
-            used += W[i].cols;
-        }
+    for (size_t i = 0, used = 0; buf && i < n; i++) {
+        if (!one[i]) continue;
+        size_t j = shared_x(W, x, one, i);
+        if (j < i) { xd[i] = xd[j]; continue; }
+        double *d = buf + used;
+        for (size_t c = 0; c < W[i].cols; c++) d[c] = (double)x[i][c];
+        xd[i] = d;
+        used += W[i].cols;
     }
     const size_t total = first[n];
     /* one region for all n matmuls: each job finds its matrix. A dynamic schedule runs as guided

@@ -146,6 +146,17 @@ static int beat_prefetch(void *ctx, int layer, const int32_t *experts, size_t n,
     return b->inner.prefetch(b->inner.ctx, layer, experts, n, err);
 }
 
+/* The cache's counters onto the ring's stats page (the coordinator's --json / metrics). */
+static void publish_cache_stats(ring_ctl *ctl, const expert_cache *cache) {
+    expert_cache_stats cs = expert_cache_get_stats(cache);
+    atomic_store(&ctl->stat_hits, cs.hits);
+    atomic_store(&ctl->stat_misses, cs.misses);
+    atomic_store(&ctl->stat_bytes_read, cs.bytes_read);
+    atomic_store(&ctl->stat_hint_reads, cs.hint_reads);
+    atomic_store(&ctl->stat_hint_hits, cs.hint_hits);
+    atomic_store(&ctl->stat_hint_wasted, cs.hint_wasted);
+}
+
 /* Serves one request already waiting in slot `seq`. Returns 1 to stop, 0 to go on. */
 static int serve(server *sv, uint64_t seq, int32_t *ptok, int32_t *pexp, int32_t *phint, const fault_plan *fp,
                  unsigned long served) {
@@ -194,13 +205,7 @@ static int serve(server *sv, uint64_t seq, int32_t *ptok, int32_t *pexp, int32_t
     resp.ok = !err.set;
     if (err.set) snprintf(resp.error, sizeof resp.error, "worker %d: %.980s", sv->hello.worker, err.msg);
     resp.checksum = payload_checksum(y, payload);
-    expert_cache_stats cs = expert_cache_get_stats(sv->cache);
-    atomic_store(&ctl->stat_hits, cs.hits);
-    atomic_store(&ctl->stat_misses, cs.misses);
-    atomic_store(&ctl->stat_bytes_read, cs.bytes_read);
-    atomic_store(&ctl->stat_hint_reads, cs.hint_reads);
-    atomic_store(&ctl->stat_hint_hits, cs.hint_hits);
-    atomic_store(&ctl->stat_hint_wasted, cs.hint_wasted);
+    publish_cache_stats(ctl, sv->cache);
     atomic_fetch_add(&ctl->stat_compute_ns, now_ns() - t0);
     atomic_fetch_add(&ctl->stat_requests, 1);
     long hlen = wire_encode_response(&resp, ring_slot_hdr(out), rg->hdr_cap);
@@ -267,9 +272,7 @@ int main(int argc, char **argv) {
         k3_error pe = {0};
         int prc = expert_cache_preload(sv.cache, &loaded, preload_beat, sv.rg.ctl, &pe);
         if (prc) fprintf(stderr, "k3-expertd: worker %d: preloading experts: %s\n", sv.hello.worker, pe.msg);
-        expert_cache_stats cs = expert_cache_get_stats(sv.cache);
-        atomic_store(&sv.rg.ctl->stat_misses, cs.misses);
-        atomic_store(&sv.rg.ctl->stat_bytes_read, cs.bytes_read);
+        publish_cache_stats(sv.rg.ctl, sv.cache);
         atomic_store(&sv.rg.ctl->preload_state, prc ? 2 : 1);
     }
 

@@ -340,6 +340,33 @@ static void test_batches(tstate *ts) {
     }
 }
 
+/* A random MXFP4 matrix with room for maxtok tokens of input, output and reference. */
+typedef struct {
+    mxfp4_weight W;
+    uint8_t *pk, *sc;
+    float *x, *y, *ref;
+} mx_case;
+
+static void mx_case_make(mx_case *m, uint64_t *seed, size_t rows, size_t cols, size_t maxtok) {
+    m->pk = malloc(rows * cols / 2);
+    m->sc = malloc(rows * cols / 32);
+    m->x = malloc(maxtok * cols * sizeof(float));
+    m->y = malloc(maxtok * rows * sizeof(float));
+    m->ref = malloc(maxtok * rows * sizeof(float));
+    if (!m->pk || !m->sc || !m->x || !m->y || !m->ref) abort();
+    fill_mxfp4(seed, m->pk, m->sc, rows, cols);
+    for (size_t e = 0; e < maxtok * cols; e++) m->x[e] = rnd_float(seed);
+    m->W = (mxfp4_weight){rows, cols, m->pk, m->sc};
+}
+
+static void mx_case_free(mx_case *m) {
+    free(m->pk);
+    free(m->sc);
+    free(m->x);
+    free(m->y);
+    free(m->ref);
+}
+
 /* matmul_mxfp4_many (an expert's w1 and w3 in one parallel region: expert_compute.c) ==
  * one scalar matmul_mxfp4 per weight, for shapes across the row block and the multi-token
  * tiles, token counts on both sides of the multi-token kernels, more weights than one
@@ -349,20 +376,12 @@ static void test_mxfp4_many(tstate *ts) {
     static const size_t shapes[NW][2] = {{5, 64}, {24, 128}, {1, 32}, {50, 320}, {7, 3584},
                                          {31, 96}, {8, 32}, {97, 224}, {17, 1056}, {48, 160}};
     uint64_t seed = 12;
+    mx_case mc[NW];
     mxfp4_weight W[NW];
-    uint8_t *pk[NW], *sc[NW];
     float *xs[NW], *ys[NW], *ref[NW];
     for (int i = 0; i < NW; i++) {
-        size_t rows = shapes[i][0], cols = shapes[i][1];
-        pk[i] = malloc(rows * cols / 2);
-        sc[i] = malloc(rows * cols / 32);
-        xs[i] = malloc(7 * cols * sizeof(float));
-        ys[i] = malloc(7 * rows * sizeof(float));
-        ref[i] = malloc(7 * rows * sizeof(float));
-        if (!pk[i] || !sc[i] || !xs[i] || !ys[i] || !ref[i]) abort();
-        fill_mxfp4(&seed, pk[i], sc[i], rows, cols);
-        for (size_t e = 0; e < 7 * cols; e++) xs[i][e] = rnd_float(&seed);
-        W[i] = (mxfp4_weight){rows, cols, pk[i], sc[i]};
+        mx_case_make(&mc[i], &seed, shapes[i][0], shapes[i][1], 7);
+        W[i] = mc[i].W, xs[i] = mc[i].x, ys[i] = mc[i].y, ref[i] = mc[i].ref;
     }
     static const size_t ntoks[] = {1, 2, 3, 4, 7};
     for (size_t ti = 0; ti < sizeof ntoks / sizeof ntoks[0]; ti++) {
@@ -378,13 +397,7 @@ static void test_mxfp4_many(tstate *ts) {
             }
         }
     }
-    for (int i = 0; i < NW; i++) {
-        free(pk[i]);
-        free(sc[i]);
-        free(xs[i]);
-        free(ys[i]);
-        free(ref[i]);
-    }
+    for (int i = 0; i < NW; i++) mx_case_free(&mc[i]);
 }
 
 /* matmul_mxfp4_list (every routed expert of a decode step in one region: expert_batch.c)
@@ -396,24 +409,16 @@ static void test_mxfp4_list(tstate *ts) {
     static const size_t shapes[7][2] = {{16, 64}, {24, 128}, {1, 32}, {50, 320}, {9, 3584}, {8, 96}, {17, 1056}};
     static const size_t ntoks[5] = {1, 1, 2, 4, 3};
     uint64_t seed = 13;
+    mx_case mc[NW];
     mxfp4_weight W[NW];
-    uint8_t *pk[NW], *sc[NW];
-    float *xs[NW], *ys[NW], *ref[NW];
+    float *ys[NW], *ref[NW];
     const float *xp[NW];
     size_t nt[NW];
     for (int i = 0; i < NW; i++) {
-        size_t rows = shapes[i % 7][0], cols = shapes[i % 7][1];
         nt[i] = ntoks[i % 5];
-        pk[i] = malloc(rows * cols / 2);
-        sc[i] = malloc(rows * cols / 32);
-        xs[i] = malloc(4 * cols * sizeof(float));
-        ys[i] = malloc(4 * rows * sizeof(float));
-        ref[i] = malloc(4 * rows * sizeof(float));
-        if (!pk[i] || !sc[i] || !xs[i] || !ys[i] || !ref[i]) abort();
-        fill_mxfp4(&seed, pk[i], sc[i], rows, cols);
-        for (size_t e = 0; e < 4 * cols; e++) xs[i][e] = rnd_float(&seed);
-        W[i] = (mxfp4_weight){rows, cols, pk[i], sc[i]};
-        xp[i] = xs[i];
+        mx_case_make(&mc[i], &seed, shapes[i % 7][0], shapes[i % 7][1], 4);
+        W[i] = mc[i].W, ys[i] = mc[i].y, ref[i] = mc[i].ref;
+        xp[i] = mc[i].x;
         /* a one-token matrix after one of the same width: the same x (an expert's w1 and w3) */
         if (i >= 7 && nt[i] == 1 && nt[i - 7] == 1 && i % 3 == 0) xp[i] = xp[i - 7];
     }
@@ -429,13 +434,7 @@ static void test_mxfp4_list(tstate *ts) {
                   ts->levels[l]->name, i, W[i].rows, W[i].cols, nt[i], d % W[i].rows);
         }
     }
-    for (int i = 0; i < NW; i++) {
-        free(pk[i]);
-        free(sc[i]);
-        free(xs[i]);
-        free(ys[i]);
-        free(ref[i]);
-    }
+    for (int i = 0; i < NW; i++) mx_case_free(&mc[i]);
 }
 
 /* matmul_dense_many (several matmuls in one parallel region: kda.c, mlp_moe.c through

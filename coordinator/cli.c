@@ -170,7 +170,9 @@ static const cli_flag FLAGS[] = {
      "per-worker `workers` stats; `timing.load_s` is every weight in before the first forward (`load_model_s` headers, "
      "`load_trunk_s` the pinned trunk's reads, `load_experts_s` the expert backend), `prefill_s` the prompt's forwards "
      "(`prefill_tokens` positions); `*_cpu_s`: CPU seconds of all threads in the same span (less than threads x wall when other work shares the cores); `timing.decode_tokens_per_s` is `decode_tokens` / `decode_s`: the tokens after the "
-     "first (the first comes from the prefill's step, whose time is `prefill_s`)"},
+     "first (the first comes from the prefill's step, whose time is `prefill_s`); `timing.prefill_phases` and "
+     "`decode_phases`: the same spans' forwards by phase (`mix`, `kda_matmul`, `kda_core`, `mla_matmul`, `mla_core`, "
+     "`moe_in`, `route`, `experts`, `moe_out`, `shared`, `mlp`, `lm_head`), each `wall_s`, `cpu_s` and the `gflop` it computed"},
     {"dump-logits", "FILE", CLI_STR, OFF(logits_path), 0, 0, NULL, NULL,
      "raw little-endian float32 logits, one row of `vocab_size` per position that predicts a token: positions "
      "`n_prompt-1 .. n_prompt+gen-2` (from 0 with `--teacher-force`)"},

@@ -125,6 +125,8 @@ static int forward_walk(engine *en, trunk_pass *tp, forward_seq *seqs, size_t n_
     float *const *blocks = B.blocks;
     int32_t *trace = en->on_route ? B.trace : NULL;
     fwd_segment *sg = B.seg;
+    fwd_phases *pf = &en->phases;
+    fph_begin(pf);
     for (size_t i = 0, row = 0; i < n_seqs; i++) {
         if (seq_state_reserve(seqs[i].st, c, seqs[i].st->pos + seqs[i].n, err)) return -1;
         sg[i] = (fwd_segment){seqs[i].st, row, seqs[i].n, seqs[i].st->pos};
@@ -142,8 +144,9 @@ static int forward_walk(engine *en, trunk_pass *tp, forward_seq *seqs, size_t n_
             p_valid = 0;
         }
         for (size_t t = 0; t < R; t++) rmsnorm(xn + t * E, h + t * E, lw->input_norm, E, c->rms_norm_eps);
-        int bad = lw->is_mla ? mla_forward(tp, k, c, &lw->mla, l, sg, n_seqs, xn, R, a, sc, en->nthreads, en->max_ctx, err)
-                             : kda_forward(tp, k, c, &lw->kda, l, sg, n_seqs, xn, R, a, sc, en->nthreads, err);
+        fph_lap(pf, FP_MIX, 0);
+        int bad = lw->is_mla ? mla_forward(tp, k, c, &lw->mla, l, sg, n_seqs, xn, R, a, sc, en->nthreads, en->max_ctx, pf, err)
+                             : kda_forward(tp, k, c, &lw->kda, l, sg, n_seqs, xn, R, a, sc, en->nthreads, pf, err);
         trunk_release_current(tp);
         if (bad) return -1;
         if (p_valid) for (size_t i = 0; i < R * E; i++) P[i] += a[i];
@@ -151,10 +154,12 @@ static int forward_walk(engine *en, trunk_pass *tp, forward_seq *seqs, size_t n_
         p_valid = 1;
         mix_chunk(blocks, nb, P, 0, R, E, lw->mlp_res_w, c->rms_norm_eps, h);
         for (size_t t = 0; t < R; t++) rmsnorm(xn + t * E, h + t * E, lw->post_norm, E, c->rms_norm_eps);
-        bad = lw->is_moe ? moe_forward(tp, k, c, &lw->moe, l, en->experts, xn, R, a, trace, sc, err)
+        fph_lap(pf, FP_MIX, 0);
+        bad = lw->is_moe ? moe_forward(tp, k, c, &lw->moe, l, en->experts, xn, R, a, trace, sc, pf, err)
                          : mlp_forward(tp, k, c, &lw->mlp, xn, R, a, sc, err);
         trunk_release_current(tp);
         if (bad) return -1;
+        if (!lw->is_moe) fph_lap(pf, FP_MLP, mlp_flop(&lw->mlp, R));
         if (trace && lw->is_moe)
             for (size_t i = 0; i < n_seqs; i++)
                 for (size_t t = 0; t < sg[i].n; t++)
@@ -169,6 +174,7 @@ static int forward_walk(engine *en, trunk_pass *tp, forward_seq *seqs, size_t n_
         mix_chunk(blocks, nb, P, first, first + cnt, E, m->out_res_w, c->rms_norm_eps, h + n * E);
         n += cnt;
     }
+    fph_lap(pf, FP_MIX, 0);
     for (size_t t = 0; t < n; t++) rmsnorm(xn + t * E, h + t * E, m->final_norm, E, c->rms_norm_eps);
     /* the lm head in row chunks; walked even when no logits are wanted, so the
      * trunk reader's fixed order holds */
@@ -187,6 +193,7 @@ static int forward_walk(engine *en, trunk_pass *tp, forward_seq *seqs, size_t n_
         }
         trunk_release_lm(tp, ch);
     }
+    fph_lap(pf, FP_LM_HEAD, 2.0 * (double)V * (double)E * (double)n);
     for (size_t i = 0; i < n_seqs; i++) seqs[i].st->pos += seqs[i].n;
     return 0;
 }

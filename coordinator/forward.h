@@ -20,6 +20,7 @@
 #define K3_FORWARD_H
 
 #include "coordinator/expert_backend.h"
+#include "coordinator/fwd_phases.h"
 #include "coordinator/model.h"
 #include "coordinator/scratch.h"
 #include "coordinator/state.h"
@@ -38,6 +39,7 @@ typedef struct {
     int nthreads;
     scratch arena;
     uint64_t passes;          /* forward calls made (each walks the whole trunk once) */
+    fwd_phases phases;        /* every pass's time and FLOP by phase, summed (fwd_phases.h) */
     /* optional: called at the start of every pass (re-binds the OpenMP threads to their
      * NUMA nodes: a pass may run on a thread team that was created after the first binding) */
     void (*on_pass)(void *ctx);

@@ -96,7 +96,7 @@ size_t kda_scratch_bytes(const k3_config *c, size_t R, int nthreads) {
 }
 
 int kda_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const kda_weights *w, int l, const fwd_segment *sg,
-                size_t nseg, const float *x, size_t R, float *out, scratch *sc, int nthreads, k3_error *err) {
+                size_t nseg, const float *x, size_t R, float *out, scratch *sc, int nthreads, fwd_phases *pf, k3_error *err) {
     size_t H = (size_t)c->kda_num_heads, D = (size_t)c->kda_head_dim, P = H * D, K = (size_t)c->short_conv_kernel_size;
     size_t mark = sc->used;
     kda_bufs B;
@@ -108,6 +108,10 @@ int kda_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const kda_
         const float *x4[4] = {x, x, x, x}, *x3[3] = {B.fa, x, x};
         float *y4[4] = {q, kk, v, B.fa}, *y3[3] = {z, b, gate};
         if (trunk_matmul_many(tp, k, w4, x4, R, y4, 4, err) || trunk_matmul_many(tp, k, w3, x3, R, y3, 3, err)) goto out;
+        double fl = 0;
+        for (int i = 0; i < 4; i++) fl += dense_flop(w4[i], R);
+        for (int i = 0; i < 3; i++) fl += dense_flop(w3[i], R);
+        fph_lap(pf, FP_KDA_MATMUL, fl);
     }
     size_t hist = (K - 1) * P;
     /* per-position states (state.h keep): S after token i at keep_S(s, i), its conv history after it */
@@ -147,7 +151,9 @@ int kda_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const kda_
             for (size_t j = 0; j < D; j++) oh[j] = (float)((double)oh[j] * sigmoid_d(gate[t * P + h * D + j]));
         }
     }
+    fph_lap(pf, FP_KDA_CORE, 16.0 * (double)H * (double)D * (double)D * (double)R);
     if (trunk_matmul(tp, k, &w->o, o, R, out, err)) goto out;
+    fph_lap(pf, FP_KDA_MATMUL, dense_flop(&w->o, R));
     rc = 0;
 out:
     sc->used = mark;

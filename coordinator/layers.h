@@ -7,11 +7,14 @@
  * Trunk matrices are made readable through the pass tp (trunk_matmul /
  * trunk_get) in the order model.c registered them; the caller releases the last
  * unit. Layer code never allocates: temporaries come from the scratch arena.
+ * pf (NULL: nothing timed) takes a lap (fwd_phases.h) at each of the function's phase
+ * boundaries; its first lap counts from the caller's last one.
  * Sections refer to docs/MODEL.md. */
 #ifndef K3_LAYERS_H
 #define K3_LAYERS_H
 
 #include "coordinator/expert_backend.h"
+#include "coordinator/fwd_phases.h"
 #include "coordinator/model.h"
 #include "coordinator/state.h"
 #include "coordinator/scratch.h"
@@ -31,21 +34,24 @@ typedef struct {
  * positions and nthreads threads, from the same layout code. */
 /* 4.2 Kimi Delta Attention; updates S and the conv history of layer l of each segment's state. */
 int kda_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const kda_weights *w, int l, const fwd_segment *sg,
-                size_t nseg, const float *x, size_t R, float *out, scratch *sc, int nthreads, k3_error *err);
+                size_t nseg, const float *x, size_t R, float *out, scratch *sc, int nthreads, fwd_phases *pf, k3_error *err);
 size_t kda_scratch_bytes(const k3_config *c, size_t R, int nthreads);
 /* 4.3 gated MLA (NoPE); appends each segment's rows to its layer-l cache (room reserved by the caller). */
 int mla_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const mla_weights *w, int l, const fwd_segment *sg,
                 size_t nseg, const float *x, size_t R, float *out, scratch *sc, int nthreads, size_t max_ctx,
-                k3_error *err);
+                fwd_phases *pf, k3_error *err);
 size_t mla_scratch_bytes(const k3_config *c, size_t R, int nthreads, size_t max_ctx);
-/* 4.1 MLP with SiTU-GLU (dense layers and the fused shared experts). */
+/* 4.1 MLP with SiTU-GLU (dense layers and the fused shared experts); takes no lap (the
+ * caller's phase; mlp_flop gives its FLOP for R rows). */
 int mlp_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const mlp_weights *w, const float *x, size_t R,
                 float *out, scratch *sc, k3_error *err);
 size_t mlp_scratch_bytes(const k3_config *c, size_t R);
+double mlp_flop(const mlp_weights *w, size_t R);
 /* 4.4 Stable LatentMoE; experts computed by eb. If trace != NULL, the selected
  * expert ids are written there ([R][top_k], top-k order). */
 int moe_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const moe_weights *w, int layer,
-                expert_backend *eb, const float *x, size_t R, float *out, int32_t *trace, scratch *sc, k3_error *err);
+                expert_backend *eb, const float *x, size_t R, float *out, int32_t *trace, scratch *sc, fwd_phases *pf,
+                k3_error *err);
 size_t moe_scratch_bytes(const k3_config *c, size_t R);
 
 /* Selection for one token (exposed for tests): scores s_e = sigmoid(logit_e);
@@ -61,5 +67,7 @@ void moe_combine(const double *weights, const float *y, size_t K, size_t L, floa
 float dense_row_dot(const kernels *k, const dense_weight *W, size_t r, const float *x);
 /* W[r][c] as float. */
 float dense_at(const dense_weight *W, size_t r, size_t c);
+/* 2 x rows x cols x R: the FLOP of W on R rows */
+static inline double dense_flop(const dense_weight *W, size_t R) { return 2.0 * (double)W->rows * (double)W->cols * (double)R; }
 
 #endif

@@ -46,6 +46,20 @@
 
 
 
+/* {"phase": {"wall_s", "cpu_s", "gflop"}, ...}: the phases that ran */
+static json_t *phases_json(const fwd_phases *p) {
+    json_t *o = json_object();
+    for (int i = 0; i < FP_N; i++) {
+        if (p->wall_s[i] == 0 && p->flop[i] == 0) continue;
+        json_t *e = json_object();
+        json_object_set_new(e, "wall_s", json_real(p->wall_s[i]));
+        json_object_set_new(e, "cpu_s", json_real(p->cpu_s[i]));
+        json_object_set_new(e, "gflop", json_real(p->flop[i] / 1e9));
+        json_object_set_new(o, fwd_phase_name((fwd_phase)i), e);
+    }
+    return o;
+}
+
 static json_t *ids_json(const int32_t *ids, size_t n) {
     json_t *a = json_array();
     for (size_t i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
@@ -61,6 +75,7 @@ typedef struct {
     double prefill_s, decode_s;
     double decode_step_min_s; /* the fastest one-id decode step (no draft): a shared host's noise only slows steps */
     double prefill_cpu_s, decode_cpu_s; /* CPU seconds of all threads in the same spans */
+    fwd_phases prefill_ph, decode_ph;   /* the forwards of the same spans by phase */
     size_t prefill_ids;  /* positions this run's prefill step computed (after a state or snapshot) */
     size_t first_ids;    /* ids the prefill's step emitted (1; more with a speculative first step) */
     uint64_t spec_passes, spec_proposed, spec_accepted, spec_refeeds, spec_restores, decode_passes;
@@ -147,6 +162,7 @@ static int run(engine *en, const options *o, draft_source *draft, int spec_pp, c
     if (keep && gen_seq_watch_rows(&g, r->first_pos, (size_t)o->chunk, keep_row, &rk, err)) goto out;
     if (draft && gen_seq_speculate(&g, c, (size_t)o->draft_max, spec_pp, err)) goto out;
     double t0 = k3_now_s(), c0 = proc_cpu_s();
+    fwd_phases ph0 = en->phases;
     uint64_t passes0 = en->passes;
     size_t pos0 = 0; /* positions already in the state when the prefill starts */
     if (ps->ld) { /* continue the loaded state; the ids after its history are fed on top */
@@ -172,6 +188,7 @@ static int run(engine *en, const options *o, draft_source *draft, int spec_pp, c
         if (gen_feed(en, &g, (size_t)o->chunk, err)) goto out;
         r->prefill_s = k3_now_s() - t0;
         r->prefill_cpu_s = proc_cpu_s() - c0;
+        fph_diff(&en->phases, &ph0, &r->prefill_ph);
         r->prefill_ids = g.st.pos - pos0;
     }
     const char *kill_after = getenv("K3_TEST_KILL_AFTER_CHECKPOINT"); /* tests: SIGKILL mid-run */
@@ -194,6 +211,8 @@ static int run(engine *en, const options *o, draft_source *draft, int spec_pp, c
         if (first) {
             r->prefill_s = k3_now_s() - t0;
             r->prefill_cpu_s = proc_cpu_s() - c0;
+            fph_diff(&en->phases, &ph0, &r->prefill_ph);
+            ph0 = en->phases;
             r->prefill_ids = g.st.pos > pos0 ? g.st.pos - pos0 : 0;
             t0 = k3_now_s();
             c0 = proc_cpu_s();
@@ -243,6 +262,7 @@ static int run(engine *en, const options *o, draft_source *draft, int spec_pp, c
     if (N > 0 && r->n_gen < N) r->n_rows = n + r->n_gen - 1 - r->first_pos; /* stopped early: rows computed */
     if (N > 0) r->decode_s = k3_now_s() - t0 - r->ckpt_s;
     if (N > 0) r->decode_cpu_s = proc_cpu_s() - c0 - ckpt_cpu;
+    if (N > 0) fph_diff(&en->phases, &ph0, &r->decode_ph);
     if (r->n_ckpt)
         fprintf(stderr, "k3: %zu checkpoint%s to %s, %.2f ms each (%.2f ms per generated token)\n", r->n_ckpt,
                 r->n_ckpt == 1 ? "" : "s", o->checkpoint, 1e3 * r->ckpt_s / (double)r->n_ckpt,
@@ -516,9 +536,11 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         json_object_set_new(tm, "prefill_tokens_per_s",
                             json_real(r->prefill_s > 0 ? (double)r->prefill_ids / r->prefill_s : 0));
         json_object_set_new(tm, "prefill_cpu_s", json_real(r->prefill_cpu_s));
+        json_object_set_new(tm, "prefill_phases", phases_json(&r->prefill_ph));
         json_object_set_new(tm, "decode_s", json_real(r->decode_s));
         if (r->decode_step_min_s > 0) json_object_set_new(tm, "decode_step_min_s", json_real(r->decode_step_min_s));
         json_object_set_new(tm, "decode_cpu_s", json_real(r->decode_cpu_s));
+        json_object_set_new(tm, "decode_phases", phases_json(&r->decode_ph));
         if (r->n_ckpt) {
             json_object_set_new(tm, "checkpoint_s", json_real(r->ckpt_s));
             json_object_set_new(tm, "checkpoints", json_integer((json_int_t)r->n_ckpt));

@@ -118,7 +118,7 @@ size_t mla_scratch_bytes(const k3_config *c, size_t R, int nthreads, size_t max_
 
 int mla_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const mla_weights *w, int l, const fwd_segment *sg,
                 size_t nseg, const float *x, size_t R, float *out, scratch *sc, int nthreads, size_t max_ctx,
-                k3_error *err) {
+                fwd_phases *pf, k3_error *err) {
     size_t H = (size_t)c->num_attention_heads, qr = (size_t)c->q_lora_rank, kr = (size_t)c->kv_lora_rank,
            nope = (size_t)c->qk_nope_head_dim, rope = (size_t)c->qk_rope_head_dim, vd = (size_t)c->v_head_dim;
     size_t qh = nope + rope, row = kr + rope, kvh = nope + vd;
@@ -136,9 +136,12 @@ int mla_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const mla_
     }
     float *qa = B.qa, *q = B.q, *ckv = B.ckv, *o = B.o, *gate = B.gate;
     if (trunk_matmul(tp, k, &w->q_a, x, R, qa, err)) goto out;
+    fph_lap(pf, FP_MLA_MATMUL, dense_flop(&w->q_a, R));
     for (size_t t = 0; t < R; t++) rmsnorm(qa + t * qr, qa + t * qr, w->q_a_norm, qr, MLA_LATENT_NORM_EPS);
+    fph_lap(pf, FP_MLA_CORE, 0);
     if (trunk_matmul(tp, k, &w->q_b, qa, R, q, err)) goto out;
     if (trunk_matmul(tp, k, &w->kv_a, x, R, ckv, err)) goto out;
+    fph_lap(pf, FP_MLA_MATMUL, dense_flop(&w->q_b, R) + dense_flop(&w->kv_a, R));
     for (size_t s = 0; s < nseg; s++)
         for (size_t i = 0; i < sg[s].n; i++) {
             size_t t = sg[s].row0 + i;
@@ -146,7 +149,9 @@ int mla_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const mla_
             rmsnorm(dst, ckv + t * row, w->kv_a_norm, kr, MLA_LATENT_NORM_EPS);
             memcpy(dst + kr, ckv + t * row + kr, rope * sizeof *dst); /* k_pe: not normalised, not rotated */
         }
+    fph_lap(pf, FP_MLA_CORE, 0);
     if (c->mla_use_output_gate && trunk_matmul(tp, k, &w->g, x, R, gate, err)) goto out;
+    fph_lap(pf, FP_MLA_MATMUL, c->mla_use_output_gate ? dense_flop(&w->g, R) : 0);
     dense_weight kvb;
     if (trunk_get(tp, &w->kv_b, &kvb, err)) goto out; /* read by every head below */
     const size_t nhb = (H + MLA_HB - 1) / MLA_HB, jobs = nseg * nhb, per = mla_head_doubles(kr, rope, max_ctx);
@@ -194,7 +199,16 @@ int mla_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const mla_
             }
         }
     }
+    { /* per head and token: q_lat (nope x kv_lora), the values (v_head_dim x kv_lora); per attended
+       * position: a score over kv_lora + rope and a context over kv_lora */
+        double fl = 0;
+        for (size_t s = 0; s < nseg; s++)
+            for (size_t i = 0; i < sg[s].n; i++)
+                fl += 2.0 * (double)H * ((double)(nope + vd) * (double)kr + (double)(sg[s].pos + i + 1) * (double)(2 * kr + rope));
+        fph_lap(pf, FP_MLA_CORE, fl);
+    }
     if (trunk_matmul(tp, k, &w->o, o, R, out, err)) goto out;
+    fph_lap(pf, FP_MLA_MATMUL, dense_flop(&w->o, R));
     rc = 0;
 out:
     sc->used = mark;

@@ -49,6 +49,8 @@ out:
     return rc;
 }
 
+double mlp_flop(const mlp_weights *w, size_t R) { return dense_flop(&w->gate, R) + dense_flop(&w->up, R) + dense_flop(&w->down, R); }
+
 /* a ranks before b: higher key, or equal key and lower id. */
 static int ranks_before(double ka, int a, double kb, int b) { return ka > kb || (ka == kb && a < b); }
 
@@ -121,7 +123,8 @@ size_t moe_scratch_bytes(const k3_config *c, size_t R) {
 }
 
 int moe_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const moe_weights *w, int layer,
-                expert_backend *eb, const float *x, size_t R, float *out, int32_t *trace, scratch *sc, k3_error *err) {
+                expert_backend *eb, const float *x, size_t R, float *out, int32_t *trace, scratch *sc, fwd_phases *pf,
+                k3_error *err) {
     size_t N = (size_t)c->num_experts, K = (size_t)c->num_experts_per_token, L = (size_t)c->routed_expert_hidden_size,
            E = (size_t)c->hidden_size;
     size_t mark = sc->used;
@@ -135,6 +138,7 @@ int moe_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const moe_
         const float *xs[2] = {x, x};
         float *ys[2] = {B.logits, B.z};
         if (trunk_matmul_many(tp, k, w2, xs, R, ys, 2, err)) goto out;
+        fph_lap(pf, FP_MOE_IN, dense_flop(w2[0], R) + dense_flop(w2[1], R));
     }
     for (size_t t = 0; t < R; t++) {
         int bad = moe_route(c, B.logits + t * N, w->router_bias, B.pexp + t * K, B.wts + t * K);
@@ -157,16 +161,20 @@ int moe_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const moe_
             expert_predict_add_hinted(eb->predict, eb->hint(eb, nl, list, n));
     }
     /* 4-5: (latent down-projection above), experts, combine in top-k order */
+    fph_lap(pf, FP_ROUTE, 0);
     if (eb->run(eb, layer, B.z, R, B.ptok, B.pexp, R * K, B.y, err)) goto out;
+    fph_lap(pf, FP_EXPERTS, 6.0 * (double)c->moe_intermediate_size * (double)L * (double)(R * K));
     for (size_t t = 0; t < R; t++) moe_combine(B.wts + t * K, B.y + t * K * L, K, L, B.acc + t * L);
     /* 6: latent norm on the AGGREGATE, then up-projection */
     if (c->latent_moe_use_norm)
         for (size_t t = 0; t < R; t++) rmsnorm(B.acc + t * L, B.acc + t * L, w->lat_norm, L, c->rms_norm_eps);
     if (trunk_matmul(tp, k, &w->lat_up, B.acc, R, out, err)) goto out;
+    fph_lap(pf, FP_MOE_OUT, dense_flop(&w->lat_up, R));
     /* 7: shared experts on the ORIGINAL input, unweighted */
     if (c->num_shared_experts > 0) {
         if (mlp_forward(tp, k, c, &w->shared, x, R, B.shared, sc, err)) goto out;
         for (size_t i = 0; i < R * E; i++) out[i] += B.shared[i];
+        fph_lap(pf, FP_SHARED, mlp_flop(&w->shared, R));
     }
     rc = 0;
 out:

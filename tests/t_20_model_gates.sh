@@ -8,6 +8,7 @@
 #  (c) greedy incremental (default mode) gives the same ids and a cmp-identical logits dump
 #  (d) the incremental dump is within tolerance of the reference logits
 #  (e) --threads 1, --threads 2, --simd scalar|avx2|avx512: same ids, cmp-identical dumps
+#  and, for the C engine, (c)'s --json phase breakdown against the shapes (tests/phases_check.py)
 #      (a SIMD level the CPU refuses makes the engine exit 2: skipped with a note)
 # The CLI contract is in docs/REFERENCE.md.  K3_BIN may be a command line, e.g.
 # K3_BIN="/usr/bin/python3 scripts/k3ref.py" runs these gates on the reference itself.
@@ -107,6 +108,13 @@ for m in m13 m14b12 heads; do
     fi
     if cmp "$tmp/$m.inc.f32" "$tmp/$m.full.f32"; then echo "(c) $m incremental logits bit-identical to full recompute"
     else bad "(c) $m incremental vs full-recompute logits not bit-identical"; fi
+    # the run's phase breakdown (--json timing.*_phases: FLOP from the shapes, wall time inside
+    # the span); the C engine only (the reference reports no timing)
+    case "$K3_BIN" in
+      *k3ref*) ;;
+      *) if "$PYTHON" tests/phases_check.py "$model" "$tmp/$m.inc.json"; then echo "(c) $m phase breakdown: FLOP as the shapes give"
+         else bad "(c) $m timing.prefill_phases / decode_phases"; fi ;;
+    esac
     # (d) against the reference
     if logits "$tmp/$m.inc.f32" "$ref" --vocab "$V" --tol "$TOL" --b-start $((NP - 1)) --exact-rows; then
       echo "(d) $m logits within $TOL of the reference"

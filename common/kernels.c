@@ -169,6 +169,43 @@ static void poison(const char *what, float *y, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] = NAN;
 }
 
+/* ---- the AVX-512 multi-token kernels' workspace, one per thread ----
+ * k3_gemm_*_avx512 work in k3_gemm_ws_doubles_avx512() doubles (a panel's accumulators,
+ * activations and weights: 600 KiB, on the stack before 2026-12-01). Each thread keeps one,
+ * allocated on its first need (matmul_reserve_gemm makes that engine start, in every thread of
+ * the team) and freed at the thread's exit. Without one (out of memory) a panel is computed by
+ * row blocks one token at a time: the same bits. */
+#ifdef K3_HAVE_X86_KERNELS
+static pthread_key_t gws_key;
+static int gws_key_ok;
+static pthread_once_t gws_once = PTHREAD_ONCE_INIT;
+static void gws_key_init(void) { gws_key_ok = pthread_key_create(&gws_key, free) == 0; }
+
+static double *gemm_ws(void) {
+    pthread_once(&gws_once, gws_key_init);
+    if (!gws_key_ok) return NULL;
+    double *p = pthread_getspecific(gws_key);
+    if (p) return p;
+    p = aligned_alloc(64, (k3_gemm_ws_doubles_avx512() * sizeof *p + 63) & ~(size_t)63);
+    if (p && pthread_setspecific(gws_key, p)) {
+        free(p);
+        p = NULL;
+    }
+    return p;
+}
+#if K3_GEMM_NR_AVX512 % K3_ROWBLOCK != 0
+#error "an AVX-512 panel must be whole row blocks (the fallback without a workspace)"
+#endif
+#endif
+
+size_t matmul_gemm_ws_bytes(void) {
+#ifdef K3_HAVE_X86_KERNELS
+    return (k3_gemm_ws_doubles_avx512() * sizeof(double) + 63) & ~(size_t)63;
+#else
+    return 0;
+#endif
+}
+
 /* Job bi of a dense matmul: tile bi (K3_GEMM_NR rows, AVX-512 K3_GEMM_NR_AVX512, x all tokens) when gemm, else row
  * block bi (K3_ROWBLOCK rows, token by token or two at a time). */
 static void dense_job(const kernels *k, const rowblock_fns *rb, int gemm, const dense_weight *W, const float *x,
@@ -178,8 +215,18 @@ static void dense_job(const kernels *k, const rowblock_fns *rb, int gemm, const 
     if (gemm) {
         const size_t per = rb->gemm == 2 ? K3_GEMM_NR_AVX512 : K3_GEMM_NR;
         const size_t r0 = bi * per, nr = rows - r0 < per ? rows - r0 : per;
-        if (W->dtype == DTYPE_F32) (rb->gemm == 2 ? k3_gemm_f32_avx512 : k3_gemm_f32_avx2)(W->data, rows, cols, r0, nr, x, ntok, y);
-        else (rb->gemm == 2 ? k3_gemm_bf16_avx512 : k3_gemm_bf16_avx2)(W->data, rows, cols, r0, nr, x, ntok, y);
+        if (rb->gemm == 2) {
+            double *ws = gemm_ws();
+            if (!ws) { /* no workspace: the panel's row blocks, one token at a time (the same bits) */
+                for (size_t b = r0 / K3_ROWBLOCK; b * K3_ROWBLOCK < r0 + nr; b++) dense_job(k, rb, 0, W, x, ntok, y, b);
+                return;
+            }
+            if (W->dtype == DTYPE_F32) k3_gemm_f32_avx512(W->data, rows, cols, r0, nr, x, ntok, y, ws);
+            else k3_gemm_bf16_avx512(W->data, rows, cols, r0, nr, x, ntok, y, ws);
+            return;
+        }
+        if (W->dtype == DTYPE_F32) k3_gemm_f32_avx2(W->data, rows, cols, r0, nr, x, ntok, y);
+        else k3_gemm_bf16_avx2(W->data, rows, cols, r0, nr, x, ntok, y);
         return;
     }
 #else
@@ -274,7 +321,16 @@ static void mxfp4_job(const kernels *k, const rowblock_fns *rb, int gemm, const 
     if (gemm) {
         const size_t per = rb->gemm == 2 ? K3_GEMM_NR_AVX512 : K3_GEMM_NR;
         const size_t r0 = bi * per, nr = rows - r0 < per ? rows - r0 : per;
-        (rb->gemm == 2 ? k3_gemm_mxfp4_avx512 : k3_gemm_mxfp4_avx2)(W->packed, W->scales, rows, cols, r0, nr, x, ntok, y);
+        if (rb->gemm == 2) {
+            double *ws = gemm_ws();
+            if (!ws) { /* no workspace: the panel's row blocks (the same bits) */
+                for (size_t b = r0 / K3_ROWBLOCK; b * K3_ROWBLOCK < r0 + nr; b++) mxfp4_job(k, rb, 0, W, x, NULL, ntok, y, b);
+                return;
+            }
+            k3_gemm_mxfp4_avx512(W->packed, W->scales, rows, cols, r0, nr, x, ntok, y, ws);
+            return;
+        }
+        k3_gemm_mxfp4_avx2(W->packed, W->scales, rows, cols, r0, nr, x, ntok, y);
         return;
     }
 #else
@@ -338,6 +394,20 @@ static double *xd_get(size_t n) {
 }
 
 int matmul_reserve_x(size_t n) { return n == 0 || xd_get(n) ? 0 : -1; }
+
+int matmul_reserve_gemm(const kernels *k, int nthreads) {
+    int bad = 0;
+#ifdef K3_HAVE_X86_KERNELS
+    if (rowblock_for(k).gemm != 2) return 0;
+    if (nthreads < 1) nthreads = 1;
+#pragma omp parallel num_threads(nthreads) reduction(| : bad)
+    bad |= gemm_ws() == NULL;
+#else
+    (void)k;
+    (void)nthreads;
+#endif
+    return bad ? -1 : 0;
+}
 
 void matmul_mxfp4(const kernels *k, const mxfp4_weight *W, const float *x, size_t ntok, float *y) {
     matmul_mxfp4_list(k, W, &x, &ntok, &y, 1);

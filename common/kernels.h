@@ -94,6 +94,13 @@ void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *con
  * reserves n doubles up front so that decode never allocates; 0, or -1 without memory (the
  * kernels then convert x per row block: the same bits). */
 int matmul_reserve_x(size_t n);
+/* The AVX-512 multi-token kernels work in a per-thread workspace of matmul_gemm_ws_bytes()
+ * (600 KiB; 0 where there are none), allocated on a thread's first need and kept for its life.
+ * matmul_reserve_gemm allocates it in every thread of a team of nthreads (engine start), so that
+ * no pass allocates; 0, or -1 without memory (a thread without one computes its panels by row
+ * blocks: the same bits). */
+size_t matmul_gemm_ws_bytes(void);
+int matmul_reserve_gemm(const kernels *k, int nthreads);
 
 /* 0 if no scale byte of the weight is 255, else -1 and *bad_row set. */
 int mxfp4_check_scales(const mxfp4_weight *W, size_t *bad_row);

@@ -21,8 +21,8 @@
  * 6-token micro-kernel keeps 24 FMA chains in registers (24 FMAs per 10 loads: each
  * activation is loaded into a register once, not folded into the 4 FMAs) token group by
  * token group, over the KC / 8 = 32 steps of the column block, its wd in L1, the 6-token
- * slice of xd in L1/L2, the panel's accumulators (NP x TB x 8 doubles, 432 KiB on the
- * stack) in L2 between column blocks. Why these sizes (bench_kernels --gemm and a
+ * slice of xd in L1/L2, the panel's accumulators (NP x TB x 8 doubles, 432 KiB of the
+ * caller's workspace) in L2 between column blocks. Why these sizes (bench_kernels --gemm and a
  * stand-alone sweep, 1 thread, 2026-12-01): with everything in L1 the micro-kernel runs
  * at the FMA peak; in the kernel the accumulators' read-modify-write from L2 (128 bytes
  * per KC / 8 multiply-adds of a chain) was the limit at KC 128 (this core's L2 sustains
@@ -59,6 +59,14 @@
 #if NP % NS != 0 || NS % 12 != 0 || TB % MT != 0 || KC % 32 != 0 || KC_SMALL % 32 != 0 || KC_SMALL > KC
 #error "bad gemm blocking"
 #endif
+
+/* A call's workspace (the caller's, 64-byte aligned; k3_gemm_ws_doubles_avx512): the panel's
+ * accumulators (NP x TB x 8), the token block's activations (TB x KC) and a sub-tile's weights
+ * (NS x KC), all in double: 600 KiB, which lived on the stack before 2026-12-01 */
+#define WS_ACC ((size_t)NP * TB * 8)
+#define WS_XD ((size_t)TB * KC)
+#define WS_WD ((size_t)NS * KC)
+size_t k3_gemm_ws_doubles_avx512(void) { return WS_ACC + WS_XD + WS_WD; }
 
 typedef enum { W_F32, W_BF16, W_MXFP4 } wkind;
 
@@ -260,10 +268,8 @@ static inline __attribute__((always_inline)) void pack_w(wkind kind, const void 
  * live in L2 between column blocks). */
 static inline __attribute__((always_inline)) void gemm_tile(wkind kind, const void *w, const uint8_t *scales,
                                                             size_t rows, size_t cols, size_t r0, size_t nr,
-                                                            const float *x, size_t ntok, float *y) {
-    _Alignas(64) double wd[NS * KC];
-    _Alignas(64) double xd[TB * KC];
-    _Alignas(64) double acc[NP * TB * 8];
+                                                            const float *x, size_t ntok, float *y, double *ws) {
+    double *const acc = ws, *const xd = acc + WS_ACC, *const wd = xd + WS_XD;
     const size_t nblk = (ntok + TB - 1) / TB;
     const size_t tb = (ntok + nblk - 1) / nblk; /* <= TB; the last block is at most nblk - 1 tokens short */
     for (size_t t0 = 0; t0 < ntok; t0 += tb) {
@@ -286,18 +292,18 @@ static inline __attribute__((always_inline)) void gemm_tile(wkind kind, const vo
 }
 
 void k3_gemm_f32_avx512(const float *w, size_t rows, size_t cols, size_t r0, size_t nr, const float *x, size_t ntok,
-                        float *y) {
-    gemm_tile(W_F32, w, NULL, rows, cols, r0, nr, x, ntok, y);
+                        float *y, double *ws) {
+    gemm_tile(W_F32, w, NULL, rows, cols, r0, nr, x, ntok, y, ws);
 }
 
 void k3_gemm_bf16_avx512(const uint16_t *w, size_t rows, size_t cols, size_t r0, size_t nr, const float *x,
-                         size_t ntok, float *y) {
-    gemm_tile(W_BF16, w, NULL, rows, cols, r0, nr, x, ntok, y);
+                         size_t ntok, float *y, double *ws) {
+    gemm_tile(W_BF16, w, NULL, rows, cols, r0, nr, x, ntok, y, ws);
 }
 
 void k3_gemm_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, size_t rows, size_t cols, size_t r0,
-                          size_t nr, const float *x, size_t ntok, float *y) {
-    gemm_tile(W_MXFP4, packed, scales, rows, cols, r0, nr, x, ntok, y);
+                          size_t nr, const float *x, size_t ntok, float *y, double *ws) {
+    gemm_tile(W_MXFP4, packed, scales, rows, cols, r0, nr, x, ntok, y, ws);
 }
 
 #endif

@@ -58,16 +58,18 @@ void k3_gemm_bf16_avx2(const uint16_t *w, size_t rows, size_t cols, size_t r0, s
 void k3_gemm_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, size_t rows, size_t cols, size_t r0, size_t nr,
                         const float *x, size_t ntok, float *y);
 /* The same for the AVX-512 level (kernels_gemm_avx512.c: the 8 lanes in one register),
- * for nr <= K3_GEMM_NR_AVX512 rows a call. */
+ * for nr <= K3_GEMM_NR_AVX512 rows a call, in a workspace ws of k3_gemm_ws_doubles_avx512()
+ * doubles, 64-byte aligned, that the call owns (kernels.c keeps one per thread). */
 #ifndef K3_GEMM_NR_AVX512
 #define K3_GEMM_NR_AVX512 96
 #endif
+size_t k3_gemm_ws_doubles_avx512(void);
 void k3_gemm_f32_avx512(const float *w, size_t rows, size_t cols, size_t r0, size_t nr, const float *x, size_t ntok,
-                        float *y);
+                        float *y, double *ws);
 void k3_gemm_bf16_avx512(const uint16_t *w, size_t rows, size_t cols, size_t r0, size_t nr, const float *x,
-                         size_t ntok, float *y);
+                         size_t ntok, float *y, double *ws);
 void k3_gemm_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, size_t rows, size_t cols, size_t r0,
-                          size_t nr, const float *x, size_t ntok, float *y);
+                          size_t nr, const float *x, size_t ntok, float *y, double *ws);
 #endif
 
 /* 2^(s-127) as a double, exact for every byte s (s = 0 gives 2^-127, a normal double). */

@@ -381,22 +381,24 @@ int doctor_run(const doctor_options *o) {
     if (rf.rlim_cur != RLIM_INFINITY)
         problem(&pl, "ulimit -f is %llu KiB: --json, --dump-logits and --dump-expert-trace files larger than that are cut off (SIGXFSZ). Fix: ulimit -f unlimited",
                 (unsigned long long)(rf.rlim_cur / 1024));
-    /* the AVX-512 prefill kernel keeps a panel's tiles on the stack (~600 KiB a call, on every
-     * OpenMP thread): the main thread's stack is ulimit -s, the others' OMP_STACKSIZE (else the
-     * pthread default, ulimit -s) */
+    /* thread stacks: the prefill kernels' 600 KiB tiles are in a per-thread heap workspace (since
+     * 2026-12-01; kernels.h matmul_reserve_gemm); the largest frames left are ~75 KiB (the serve
+     * scheduler's step) and ~65 KiB (the AVX2 prefill kernel), and rw6-shaped and test runs pass with
+     * ulimit -s 128 and OMP_STACKSIZE=96K. The main thread's stack is ulimit -s, the OpenMP threads'
+     * OMP_STACKSIZE (else the pthread default, ulimit -s): below these, a problem, with margin */
     struct rlimit rs;
     getrlimit(RLIMIT_STACK, &rs);
-    const unsigned long long stack_need = 2ull << 20;
-    if (rs.rlim_cur != RLIM_INFINITY && rs.rlim_cur < stack_need)
-        problem(&pl, "ulimit -s is %llu KiB: a prefill kernel call needs ~600 KiB of stack per thread. Fix: ulimit -s 8192",
+    const unsigned long long main_need = 512ull << 10, omp_need = 256ull << 10;
+    if (rs.rlim_cur != RLIM_INFINITY && rs.rlim_cur < main_need)
+        problem(&pl, "ulimit -s is %llu KiB: k3's threads need 512 KiB of stack to be safe. Fix: ulimit -s 8192",
                 (unsigned long long)(rs.rlim_cur / 1024));
     const char *oss = getenv("OMP_STACKSIZE");
     if (oss && *oss) {
         char *end;
         double v = strtod(oss, &end);
         double mult = (*end == 'B' || *end == 'b') ? 1.0 : (*end == 'M' || *end == 'm') ? 1048576.0 : (*end == 'G' || *end == 'g') ? 1073741824.0 : 1024.0;
-        if (v * mult < (double)stack_need)
-            problem(&pl, "OMP_STACKSIZE=%s gives the OpenMP threads less than 2 MiB of stack: a prefill kernel call needs ~600 KiB. Fix: unset OMP_STACKSIZE or set 8M",
+        if (v * mult < (double)omp_need)
+            problem(&pl, "OMP_STACKSIZE=%s gives the OpenMP threads less than 256 KiB of stack, which k3's kernels need to be safe. Fix: unset OMP_STACKSIZE or set 8M",
                     oss);
     }
 

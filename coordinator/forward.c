@@ -91,6 +91,11 @@ int engine_init(engine *en, size_t max_rows, size_t max_ctx, int nthreads, k3_er
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes)) return k3_fail(err, "cannot allocate the %zu-byte scratch arena", bytes);
     en->arena = (scratch){p, bytes, 0};
+    /* the prefill kernels' per-thread workspace, now rather than in the first pass */
+    if (en->k && matmul_reserve_gemm(en->k, nthreads)) {
+        engine_free(en);
+        return k3_fail(err, "cannot allocate the prefill kernels' workspace (%zu bytes a thread)", matmul_gemm_ws_bytes());
+    }
     return 0;
 }
 

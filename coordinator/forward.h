@@ -57,7 +57,9 @@ typedef struct {
 /* Bytes of the scratch arena for max_rows rows, max_ctx positions and nthreads threads. */
 size_t forward_scratch_bytes(const k3_config *c, size_t max_rows, size_t max_ctx, int nthreads, size_t lm_chunk_rows);
 
-/* Fills the engine's set-up fields and allocates its arena. en->model and en->trunk must be set. */
+/* Fills the engine's set-up fields and allocates its arena and, in each of nthreads OpenMP
+ * threads, the prefill kernels' workspace (kernels.h matmul_reserve_gemm; the plan counts it with
+ * the scratch). en->model and en->trunk must be set (and en->k for the workspace). */
 int engine_init(engine *en, size_t max_rows, size_t max_ctx, int nthreads, k3_error *err);
 void engine_free(engine *en);
 

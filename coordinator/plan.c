@@ -130,9 +130,11 @@ int plan_make_spec(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t 
     uint64_t cap = 64;
     while (cap < ctx) cap *= 2;
     p->state_bytes = n_kda * (H * D * D + 3 * (K - 1) * P) * 4 + n_mla * cap * (kr + rope) * 4;
-    /* the engine's arena, from the layout code that carves it (forward_scratch_bytes), plus
+    /* the engine's arena, from the layout code that carves it (forward_scratch_bytes), the AVX-512
+     * prefill kernels' workspace of each thread (the largest level's: the plan does not know it), plus
      * two rows of logits per chunk token (the generator's) and, in-process, the expert batch */
     p->scratch_bytes = forward_scratch_bytes(c, (size_t)T, (size_t)ctx, omp_get_max_threads(), p->lm_chunk_rows) +
+                       (uint64_t)omp_get_max_threads() * matmul_gemm_ws_bytes() + /* the prefill kernels' workspace */
                        Tn * V * 4 * 2 + (W == 0 && !p->mpi_ranks ? Tn * k * 4 * (2 * L + 2 * I) : 0);
     uint64_t pairs = Tn * k;
     uint64_t ring_one = 2 * (RU(256 + 12 * pairs) + RU(Tn * L * 4) + RU(pairs * L * 4) + 256) + PAGE;
@@ -232,7 +234,7 @@ void plan_print(const mem_plan *p, const k3_config *c, FILE *f) {
     fprintf(f, "  small vectors          %12.1f MiB  (norms, biases, conv taps, folded AttnRes)\n", p->small_bytes / MIB);
     fprintf(f, "  sequence state         %12.1f MiB  (KDA state + MLA latent cache for %zu positions)\n",
             p->state_bytes / MIB, p->max_context);
-    fprintf(f, "  scratch                %12.1f MiB  (activations of a %zu-token chunk)\n", p->scratch_bytes / MIB, p->chunk);
+    fprintf(f, "  scratch                %12.1f MiB  (activations of a %zu-token chunk, prefill kernels' workspace)\n", p->scratch_bytes / MIB, p->chunk);
     if (p->spec_k)
         fprintf(f, "  speculation            %12.1f MiB  (%zu x %zu logits rows; %s)\n", p->spec_bytes / MIB, p->spec_seqs,
                 p->spec_k + 1,

@@ -26,6 +26,7 @@ enum { SLOT_EMPTY, SLOT_READING, SLOT_READY };
 #define PHIT_AGES 12
 #define PHIT_RATES 15
 #define PHIT_DECAY 4194304.0
+#define PHIT_CELLS (PHIT_AGES * PHIT_RATES)
 static const double phit_edges[PHIT_RATES - 1] = {0.01, 0.02, 0.035, 0.05, 0.075, 0.1, 0.15,
                                                    0.2,  0.3,  0.4,   0.5,  0.6,   0.7, 0.85};
 
@@ -46,6 +47,8 @@ typedef struct {
     int hint;             /* read for a hint, not used since */
     int evict_first;      /* a hint its layer's request did not ask for: the first to go */
     dr_read *rd;          /* its pool read: c->rds[slot], apart so that a scan of the slots stays dense */
+    int32_t ix_prev, ix_next; /* phit's victim index: the slot's neighbours in its layer's list, -1 none */
+    int16_t ix_cell;      /* phit's victim index: its cell (age bucket x PHIT_RATES + rate class), -1 not indexed */
     uint64_t last_use;
     uint8_t *buf;
     const uint8_t *data;  /* start of the expert's bytes inside buf */
@@ -80,6 +83,17 @@ struct expert_cache {
     int cur_layer;
     uint64_t lfu_since;
     double phit_use[PHIT_AGES][PHIT_RATES], phit_opp[PHIT_AGES][PHIT_RATES], phit_nopp;
+    /* phit's victim index (kept whatever the policy): every READY, unpinned, unhinted slot (the
+     * policy's middle class, the only one when no hint is out) by cell = (age bucket, rate class)
+     * and layer, so that a victim is found from the 180 cells' estimates and the layers in
+     * come-round order instead of a scan of every slot */
+    uint64_t *ix_bits;    /* [PHIT_CELLS][n_layers][ix_words]: bit e = expert e's slot is in the cell */
+    uint32_t *ix_count;   /* [PHIT_CELLS][n_layers] */
+    size_t ix_cell_n[PHIT_AGES * PHIT_RATES];
+    int32_t *ix_head;     /* [n_layers]: first indexed slot of the layer, -1 none */
+    size_t ix_words;
+    int verify;           /* expert_cache_set_verify: every indexed choice checked against a scan */
+    uint64_t verify_checks, verify_failures;
     /* several reads in flight (expert_cache_set_readers) */
     dr_pool *pool;
     int32_t *req;         /* [n_experts]: the current request's experts in acquire order */
@@ -119,11 +133,16 @@ expert_cache *expert_cache_create(const expert_store *st, checkpoint *ck, uint64
     c->keys = calloc((size_t)st->n_layers * (size_t)st->n_experts + 1, sizeof *c->keys);
     c->in_request = calloc((size_t)st->n_experts + 1, 1);
     c->slot_of = calloc((size_t)st->n_layers * (size_t)st->n_experts + 1, sizeof *c->slot_of);
+    c->ix_words = ((size_t)st->n_experts + 63) / 64;
+    c->ix_bits = calloc((size_t)PHIT_CELLS * (size_t)st->n_layers * c->ix_words + 1, sizeof *c->ix_bits);
+    c->ix_count = calloc((size_t)PHIT_CELLS * (size_t)st->n_layers + 1, sizeof *c->ix_count);
+    c->ix_head = malloc(((size_t)st->n_layers + 1) * sizeof *c->ix_head);
     c->n_empty = c->n_slots;
     c->arena_bytes = c->n_slots * sb;
     if (node >= 0 && numa_available() >= 0) c->arena = numa_alloc_onnode(c->arena_bytes, node);
     else c->arena = weight_mem_alloc(c->arena_bytes); /* 2 MiB aligned, huge pages */
-    if (!c->slots || !c->rds || !c->direct_fd || !c->arena || !c->keys || !c->in_request || !c->slot_of || c->n_slots >= UINT32_MAX) {
+    if (!c->slots || !c->rds || !c->direct_fd || !c->arena || !c->keys || !c->in_request || !c->slot_of || !c->ix_bits ||
+        !c->ix_count || !c->ix_head || c->n_slots >= INT32_MAX) {
         k3_fail(err, "cannot allocate an expert cache of %zu slots (%llu bytes)", c->n_slots, (unsigned long long)c->arena_bytes);
         expert_cache_free(c);
         return NULL;
@@ -132,7 +151,10 @@ expert_cache *expert_cache_create(const expert_store *st, checkpoint *ck, uint64
     for (size_t i = 0; i < c->n_slots; i++) {
         c->slots[i].buf = c->arena + i * sb;
         c->slots[i].rd = &c->rds[i];
+        c->slots[i].ix_cell = -1;
+        c->slots[i].ix_prev = c->slots[i].ix_next = -1;
     }
+    for (int l = 0; l < st->n_layers; l++) c->ix_head[l] = -1;
     return c;
 }
 
@@ -153,6 +175,9 @@ void expert_cache_free(expert_cache *c) {
     free(c->keys);
     free(c->in_request);
     free(c->slot_of);
+    free(c->ix_bits);
+    free(c->ix_count);
+    free(c->ix_head);
     free(c);
 }
 
@@ -238,6 +263,12 @@ void expert_cache_set_policy(expert_cache *c, cache_policy p) {
     if ((unsigned)p < CACHE_POLICY_COUNT) c->policy = p;
 }
 
+void expert_cache_set_verify(expert_cache *c, int on) { c->verify = on != 0; }
+uint64_t expert_cache_verify_failures(const expert_cache *c, uint64_t *checks) {
+    if (checks) *checks = c->verify_checks;
+    return c->verify_failures;
+}
+
 cache_policy expert_cache_get_policy(const expert_cache *c) { return c->policy; }
 
 static key_state *key_of(expert_cache *c, int layer, int expert) {
@@ -260,13 +291,122 @@ static int phit_rate_class(double r) {
     return k;
 }
 
+/* phit's cell of slot s: its age bucket (passes since its last use, one more once its layer
+ * has come round in this pass) and its rate class. The one definition evict_key_of and the
+ * victim index use. */
+static int phit_cell_of(expert_cache *c, const cache_slot *s) {
+    const key_state *k = key_of(c, s->layer, s->expert);
+    uint64_t a = c->cycle - k->cycle + (s->layer > c->cur_layer ? 0 : 1);
+    return phit_age_bucket(a) * PHIT_RATES + k->rclass;
+}
+
+/* ---- phit's victim index ---- */
+
+static size_t ix_at(const expert_cache *c, int cell, int layer) { return (size_t)cell * (size_t)c->n_layers + (size_t)layer; }
+
+/* Moves indexed slot s from its cell to `cell` (same layer list). */
+static void ix_move(expert_cache *c, cache_slot *s, int cell) {
+    uint64_t bit = 1ull << (s->expert % 64);
+    size_t w = (size_t)s->expert / 64, from = ix_at(c, s->ix_cell, s->layer), to = ix_at(c, cell, s->layer);
+    c->ix_bits[from * c->ix_words + w] &= ~bit;
+    c->ix_count[from]--;
+    c->ix_cell_n[s->ix_cell]--;
+    c->ix_bits[to * c->ix_words + w] |= bit;
+    c->ix_count[to]++;
+    c->ix_cell_n[cell]++;
+    s->ix_cell = (int16_t)cell;
+}
+
+static void ix_remove(expert_cache *c, cache_slot *s) {
+    if (s->ix_cell < 0) return;
+    size_t at = ix_at(c, s->ix_cell, s->layer);
+    c->ix_bits[at * c->ix_words + (size_t)s->expert / 64] &= ~(1ull << (s->expert % 64));
+    c->ix_count[at]--;
+    c->ix_cell_n[s->ix_cell]--;
+    if (s->ix_prev >= 0) c->slots[s->ix_prev].ix_next = s->ix_next;
+    else c->ix_head[s->layer] = s->ix_next;
+    if (s->ix_next >= 0) c->slots[s->ix_next].ix_prev = s->ix_prev;
+    s->ix_prev = s->ix_next = -1;
+    s->ix_cell = -1;
+}
+
+/* Slot s changed (state, pins, hint, key): in the index iff READY, unpinned and unhinted, in
+ * its current cell. Cheap when nothing changed; called after every such change. */
+static void ix_sync(expert_cache *c, cache_slot *s) {
+    int cell = s->state == SLOT_READY && s->pins == 0 && !s->hint && !s->evict_first ? phit_cell_of(c, s) : -1;
+    if (cell == s->ix_cell) return;
+    if (cell < 0) { ix_remove(c, s); return; }
+    if (s->ix_cell >= 0) { ix_move(c, s, cell); return; }
+    int32_t i = (int32_t)(s - c->slots);
+    s->ix_prev = -1;
+    s->ix_next = c->ix_head[s->layer];
+    if (s->ix_next >= 0) c->slots[s->ix_next].ix_prev = i;
+    c->ix_head[s->layer] = i;
+    size_t at = ix_at(c, cell, s->layer);
+    c->ix_bits[at * c->ix_words + (size_t)s->expert / 64] |= 1ull << (s->expert % 64);
+    c->ix_count[at]++;
+    c->ix_cell_n[cell]++;
+    s->ix_cell = (int16_t)cell;
+}
+
+/* The pass count or the current layer moved from (cycle0, cur0): an age changes only for the
+ * layers whose "has come round in this pass" flag or pass changed, so only their slots move
+ * (each slot about once per pass). */
+static void ix_age(expert_cache *c, uint64_t cycle0, int cur0) {
+    for (int l = 0; l < c->n_layers; l++) {
+        if (cycle0 + (l > cur0 ? 0 : 1) == c->cycle + (l > c->cur_layer ? 0 : 1)) continue;
+        for (int32_t i = c->ix_head[l]; i >= 0; i = c->slots[i].ix_next) {
+            cache_slot *s = &c->slots[i];
+            int cell = phit_cell_of(c, s);
+            if (cell != s->ix_cell) ix_move(c, s, cell);
+        }
+    }
+}
+
+/* phit's choice among the indexed slots (the middle class), as the scan would make it: the
+ * lowest estimate over the non-empty cells; among the cells that tie on it, the layer that comes
+ * round last, then the lowest expert. NULL when nothing is indexed. */
+static cache_slot *ix_victim(expert_cache *c) {
+    double v[PHIT_CELLS], bv = 0.0;
+    int tied[PHIT_CELLS], nt = 0, any = 0;
+    for (int x = 0; x < PHIT_CELLS; x++) {
+        if (!c->ix_cell_n[x]) continue;
+        int b = x / PHIT_RATES, r = x % PHIT_RATES;
+        v[x] = (c->phit_use[b][r] + 1.0) / (c->phit_opp[b][r] + 2.0);
+        if (!any || v[x] < bv) bv = v[x];
+        any = 1;
+    }
+    if (!any) return NULL;
+    for (int x = 0; x < PHIT_CELLS; x++)
+        if (c->ix_cell_n[x] && v[x] == bv) tied[nt++] = x;
+    int n = c->n_layers;
+    for (int d = n; d >= 1; d--) { /* d as evict_key_of counts it: n for the current layer */
+        int l = (int)((((long)c->cur_layer + d) % n + n) % n);
+        int hit = 0;
+        for (int t = 0; t < nt && !hit; t++) hit = c->ix_count[ix_at(c, tied[t], l)] != 0;
+        if (!hit) continue;
+        for (size_t w = 0; w < c->ix_words; w++) {
+            uint64_t m = 0;
+            for (int t = 0; t < nt; t++) m |= c->ix_bits[ix_at(c, tied[t], l) * c->ix_words + w];
+            if (!m) continue;
+            int e = (int)(w * 64 + (size_t)__builtin_ctzll(m));
+            uint32_t i = c->slot_of[(size_t)l * (size_t)c->n_experts + (size_t)e];
+            return i ? &c->slots[i - 1] : NULL;
+        }
+    }
+    return NULL;
+}
+
 /* A request of `layer` starts (experts: all its distinct experts, or NULL when
  * only the pass count is to be kept). Counts phit's opportunities: every expert
  * of this layer used before either is used now or is not. Kept for every policy,
  * so switching policies finds the statistics ready. */
 static void policy_begin(expert_cache *c, int layer, const int32_t *experts, size_t n) {
+    uint64_t cycle0 = c->cycle;
+    int cur0 = c->cur_layer;
     if (layer <= c->cur_layer) c->cycle++;
     c->cur_layer = layer;
+    ix_age(c, cycle0, cur0);
     if (!experts || layer < 0 || layer >= c->n_layers) return;
     for (size_t i = 0; i < n; i++)
         if (experts[i] >= 0 && experts[i] < c->n_experts) c->in_request[experts[i]] = 1;
@@ -322,8 +462,7 @@ static evict_key evict_key_of(expert_cache *c, const cache_slot *s) {
         return (evict_key){(double)k->count, -(int64_t)k->stamp, id};
     case CACHE_POLICY_PHIT: {
         /* probability of a use when its layer comes round next; ties: the layer that comes round last */
-        uint64_t a = c->cycle - k->cycle + (s->layer > c->cur_layer ? 0 : 1);
-        int b = phit_age_bucket(a), r = k->rclass;
+        int cell = phit_cell_of(c, s), b = cell / PHIT_RATES, r = cell % PHIT_RATES;
         int d = ((s->layer - c->cur_layer) % c->n_layers + c->n_layers) % c->n_layers;
         if (d == 0) d = c->n_layers;
         return (evict_key){(c->phit_use[b][r] + 1.0) / (c->phit_opp[b][r] + 2.0), -(int64_t)d, id};
@@ -360,6 +499,7 @@ static void set_empty(expert_cache *c, cache_slot *s) {
     s->state = SLOT_EMPTY;
     s->pins = 0;
     s->hint = s->evict_first = 0;
+    ix_sync(c, s);
 }
 
 /* A hinted slot is used: it is an ordinary slot from now on. */
@@ -368,18 +508,32 @@ static void hint_used(expert_cache *c, cache_slot *s) {
     s->hint = s->evict_first = 0;
     c->hints_out--;
     c->stats.hint_hits++;
+    ix_sync(c, s);
+}
+
+static void pin(expert_cache *c, cache_slot *s) {
+    s->pins++;
+    ix_sync(c, s);
+}
+
+static void unpin(expert_cache *c, cache_slot *s) {
+    if (s->pins > 0) s->pins--;
+    ix_sync(c, s);
+}
+
+/* A slot's read ended well. */
+static void set_ready(expert_cache *c, cache_slot *s) {
+    s->state = SLOT_READY;
+    ix_sync(c, s);
 }
 
 /* An EMPTY slot, else among READY unpinned slots: a hint its request did not ask for, then the
  * policy's choice among the rest, then (not for_hint) a pending hint of another layer; NULL if none.
  * Without hints every slot is of the middle class: the policy alone decides, as before. */
-static cache_slot *victim_for(expert_cache *c, int for_hint) {
+static cache_slot *victim_scan(expert_cache *c, int for_hint) {
     cache_slot *best = NULL;
     evict_key bk = {0};
     int bc = 0;
-    if (c->n_empty) /* the first EMPTY slot in index order, found from the cursor */
-        for (size_t i = c->empty_lo; i < c->n_slots; i++)
-            if (c->slots[i].state == SLOT_EMPTY) { c->empty_lo = i; return &c->slots[i]; }
     for (size_t i = 0; i < c->n_slots; i++) {
         cache_slot *s = &c->slots[i];
         if (s->state != SLOT_READY || s->pins != 0) continue;
@@ -391,6 +545,35 @@ static cache_slot *victim_for(expert_cache *c, int for_hint) {
     return best;
 }
 
+/* verify mode: every slot is in the index iff it should be, in its current cell */
+static int ix_consistent(expert_cache *c) {
+    size_t n_in = 0;
+    for (size_t i = 0; i < c->n_slots; i++) {
+        const cache_slot *s = &c->slots[i];
+        int cell = s->state == SLOT_READY && s->pins == 0 && !s->hint && !s->evict_first ? phit_cell_of(c, s) : -1;
+        if (cell != s->ix_cell) return 0;
+        n_in += cell >= 0;
+    }
+    size_t n_cells = 0;
+    for (int x = 0; x < PHIT_CELLS; x++) n_cells += c->ix_cell_n[x];
+    return n_cells == n_in;
+}
+
+static cache_slot *victim_for(expert_cache *c, int for_hint) {
+    if (c->n_empty) /* the first EMPTY slot in index order, found from the cursor */
+        for (size_t i = c->empty_lo; i < c->n_slots; i++)
+            if (c->slots[i].state == SLOT_EMPTY) { c->empty_lo = i; return &c->slots[i]; }
+    /* phit without hints out: every candidate is in the index (with hints, the hint classes
+     * come first and last: the scan, as before) */
+    if (c->policy != CACHE_POLICY_PHIT || c->hints_out) return victim_scan(c, for_hint);
+    cache_slot *s = ix_victim(c);
+    if (c->verify) {
+        c->verify_checks++;
+        if (s != victim_scan(c, for_hint) || !ix_consistent(c)) c->verify_failures++;
+    }
+    return s;
+}
+
 static cache_slot *victim(expert_cache *c) { return victim_for(c, 0); }
 
 /* The slot s is taken for (layer, expert): a hint never used counts as wasted. */
@@ -398,7 +581,9 @@ static void take(expert_cache *c, cache_slot *s, int layer, int expert, int pins
     if (s->state == SLOT_READY && s->hint) c->stats.hint_wasted++;
     if (s->hint) c->hints_out--;
     if (s->state == SLOT_EMPTY) c->n_empty--;
-    *s = (cache_slot){.state = SLOT_READING, .pins = pins, .layer = layer, .expert = expert, .buf = s->buf, .rd = s->rd};
+    ix_remove(c, s);
+    *s = (cache_slot){.state = SLOT_READING, .pins = pins, .layer = layer, .expert = expert, .buf = s->buf, .rd = s->rd,
+                      .ix_prev = -1, .ix_next = -1, .ix_cell = -1};
     c->slot_of[(size_t)layer * (size_t)c->n_experts + (size_t)expert] = (uint32_t)(s - c->slots) + 1;
 }
 
@@ -439,7 +624,7 @@ static int start_read(expert_cache *c, cache_slot *s, const expert_loc *loc, int
     int rc = read_expert(c, s, loc, c->direct_ok, err);
     c->stats.read_wait_s += k3_now_s() - t0;
     if (rc) { set_empty(c, s); return -1; }
-    s->state = SLOT_READY;
+    set_ready(c, s);
     return 0;
 }
 
@@ -450,14 +635,14 @@ static int finish_read(expert_cache *c, cache_slot *s, k3_error *err) {
     int rc = dr_wait(c->pool, s->rd);
     c->stats.read_wait_s += k3_now_s() - t0;
     s->async = 0;
-    if (rc == 0) { s->data = s->rd->data; s->state = SLOT_READY; return 0; }
+    if (rc == 0) { s->data = s->rd->data; set_ready(c, s); return 0; }
     if (s->rd->direct_refused) { /* the kernel refused the alignment: buffered from now on */
         const expert_loc *loc = expert_store_loc(c->st, s->layer, s->expert);
         c->direct_ok = 0;
         t0 = k3_now_s();
         rc = loc ? read_expert(c, s, loc, 0, err) : k3_fail(err, "internal: slot of an unknown expert");
         c->stats.read_wait_s += k3_now_s() - t0;
-        if (rc == 0) { s->state = SLOT_READY; return 0; }
+        if (rc == 0) { set_ready(c, s); return 0; }
     } else k3_fail(err, "%s", s->rd->err.msg);
     set_empty(c, s);
     return -1;
@@ -483,7 +668,7 @@ static void pump(expert_cache *c) {
         int e = c->req[c->req_next];
         cache_slot *s = find_any(c, c->req_layer, e);
         if (s) {
-            if (s->pins == 0) { s->pins++; c->stats.hits++; hint_used(c, s); }
+            if (s->pins == 0) { pin(c, s); c->stats.hits++; hint_used(c, s); }
             c->req_next++;
             continue;
         }
@@ -509,7 +694,9 @@ static int prefetch_async(expert_cache *c, int layer, const int32_t *experts, si
         for (size_t i = 0; i < n; i++) c->in_request[experts[i]] = 1;
         for (size_t i = 0; i < c->n_slots; i++) {
             cache_slot *s = &c->slots[i];
-            if (s->state != SLOT_EMPTY && s->hint && s->layer == layer && !c->in_request[s->expert]) s->evict_first = 1;
+            if (s->state == SLOT_EMPTY || !s->hint || s->layer != layer || c->in_request[s->expert]) continue;
+            s->evict_first = 1;
+            ix_sync(c, s);
         }
         for (size_t i = 0; i < n; i++) c->in_request[experts[i]] = 0;
     }
@@ -522,7 +709,7 @@ static int prefetch_async(expert_cache *c, int layer, const int32_t *experts, si
     for (size_t i = 0; i < w; i++) {
         cache_slot *s = find_any(c, layer, experts[i]);
         if (!s) continue;
-        s->pins++;
+        pin(c, s);
         c->stats.hits++;
         hint_used(c, s);
     }
@@ -589,7 +776,7 @@ static int cache_prefetch(void *ctx, int layer, const int32_t *experts, size_t n
     for (size_t i = 0; i < w; i++) {
         cache_slot *s = find(c, layer, experts[i]);
         if (!s) continue;
-        s->pins++;
+        pin(c, s);
         c->stats.hits++;
         hit[nh++] = s;
     }
@@ -622,12 +809,12 @@ static int cache_prefetch(void *ctx, int layer, const int32_t *experts, size_t n
     for (size_t i = 0; i < nm; i++) {
         cache_slot *s = ms[i].slot;
         if (failed) { set_empty(c, s); continue; }
-        s->state = SLOT_READY;
+        set_ready(c, s);
         c->stats.misses++;
         c->stats.bytes_read += c->st->expert_bytes;
     }
     if (failed)
-        for (size_t i = 0; i < nh; i++) hit[i]->pins--; /* the batch stops: nothing will be acquired */
+        for (size_t i = 0; i < nh; i++) unpin(c, hit[i]); /* the batch stops: nothing will be acquired */
     free(ms);
     free(hit);
     if (failed) return k3_fail(err, "%s", first.msg);
@@ -645,7 +832,7 @@ static int cache_acquire(void *ctx, int layer, int expert, expert_weights *w, k3
         /* prefetched: its pin passes to this use (counted by the prefetch) */
     } else if (s) {
         hint_used(c, s);
-        s->pins++;
+        pin(c, s);
         c->stats.hits++;
     } else if (c->pool) {
         s = victim_wait(c);
@@ -663,7 +850,7 @@ static int cache_acquire(void *ctx, int layer, int expert, expert_weights *w, k3
         int rc = read_expert(c, s, loc, c->direct_ok, err);
         c->stats.read_wait_s += k3_now_s() - t0;
         if (rc) { set_empty(c, s); return -1; }
-        s->state = SLOT_READY;
+        set_ready(c, s);
         c->stats.misses++;
         c->stats.bytes_read += c->st->expert_bytes;
     }
@@ -682,7 +869,7 @@ static int cache_acquire(void *ctx, int layer, int expert, expert_weights *w, k3
 static void cache_release(void *ctx, int layer, int expert) {
     expert_cache *c = ctx;
     cache_slot *s = find(c, layer, expert);
-    if (s && s->pins > 0) s->pins--;
+    if (s) unpin(c, s);
     if (c->pool && layer == c->req_layer) pump(c); /* the slot may take the request's next miss */
 }
 

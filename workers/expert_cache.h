@@ -18,8 +18,10 @@
  * NUMA node when one is given. The cache is used by one thread at a time.
  * Finding an expert's slot is one index lookup (a resident K3 server holds tens of
  * thousands of slots, asked several times per expert use); the first EMPTY slot is
- * found from a cursor; only choosing a policy victim (a miss, when no slot is
- * EMPTY) scans the slots.
+ * found from a cursor. Choosing phit's victim (a miss, when no slot is EMPTY) takes
+ * O(180 + layers) from an index of the evictable slots by (age bucket, rate class,
+ * layer), kept as slots change (each slot re-bucketed about once per pass); lru and
+ * lfu, and phit while prefetch hints are out, scan the slots.
  *
  * Policies (which READY unpinned slot is evicted; they change only speed, never
  * a result). Layers come round once per forward pass (a "cycle"), so experts are
@@ -110,5 +112,12 @@ const char *cache_policy_name(cache_policy p);
  * before the first request for a clean comparison). An invalid value is ignored. */
 void expert_cache_set_policy(expert_cache *c, cache_policy p);
 cache_policy expert_cache_get_policy(const expert_cache *c);
+
+/* Tests: with verify on, every victim phit takes from its index is also chosen by a scan of
+ * all slots (the definition) and the index is checked slot by slot; each disagreement counts
+ * (expert_cache_verify_failures: 0 is the only right answer; *checks, if not NULL, gets the
+ * number of indexed choices checked). O(slots) per victim: tests only. */
+void expert_cache_set_verify(expert_cache *c, int on);
+uint64_t expert_cache_verify_failures(const expert_cache *c, uint64_t *checks);
 
 #endif

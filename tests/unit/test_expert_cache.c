@@ -81,8 +81,23 @@ static void model_close(model *m) {
 
 static expert_cache *cache_of(model *m, size_t slots, cache_policy p, k3_error *err) {
     expert_cache *c = expert_cache_create(&m->st, &m->ck, slots * expert_cache_slot_bytes(&m->st), -1, err);
-    if (c) expert_cache_set_policy(c, p);
+    if (c) {
+        expert_cache_set_policy(c, p);
+        expert_cache_set_verify(c, 1); /* phit's indexed victims checked against a scan of all slots */
+    }
     return c;
+}
+
+/* phit victims taken from the index and checked against the scan, over all caches of the run */
+static uint64_t indexed_victims_checked;
+
+/* Frees a cache of cache_of after checking that its index never disagreed with the scan. */
+static void cache_done(expert_cache *c) {
+    uint64_t checks = 0, bad = c ? expert_cache_verify_failures(c, &checks) : 0;
+    indexed_victims_checked += checks;
+    CHECK(bad == 0, "policy %s: %llu of %llu victims of the index differ from the scan's",
+          c ? cache_policy_name(expert_cache_get_policy(c)) : "-", (unsigned long long)bad, (unsigned long long)checks);
+    expert_cache_free(c);
 }
 
 /* ---- requests: (layer, distinct experts ascending), as expert_batch_run issues them ---- */
@@ -193,6 +208,11 @@ static int replay(const char *dir, const request *rq, int n, int n_workers, size
             expert_cache_stats s = expert_cache_get_stats(c);
             *hits += s.hits;
             *misses += s.misses;
+            uint64_t checks = 0, bad = expert_cache_verify_failures(c, &checks);
+            indexed_victims_checked += checks;
+            if (!rc && bad)
+                rc = k3_fail(err, "worker %d: %llu of %llu victims of phit's index differ from a scan of the slots", w,
+                             (unsigned long long)bad, (unsigned long long)checks);
         }
         expert_cache_free(c);
         model_close(&m);
@@ -280,7 +300,7 @@ static void test_one_slot(model *m) {
         CHECK(!rc && s.hits == 4 && s.misses == 5 && s.bytes_read == 5 * m->st.expert_bytes,
               "1 slot, %s: rc %d (%s) hits %llu misses %llu bytes %llu", cache_policy_name((cache_policy)p), rc, err.msg,
               (unsigned long long)s.hits, (unsigned long long)s.misses, (unsigned long long)s.bytes_read);
-        expert_cache_free(c);
+        cache_done(c);
     }
 }
 
@@ -331,7 +351,7 @@ static void test_pins(model *m) {
             src.release(src.ctx, 1, pf[i]);
         }
         CHECK(expert_cache_get_stats(c).hits == h0, "%s: using prefetched experts counts no new hit", pn);
-        expert_cache_free(c);
+        cache_done(c);
     }
 
     /* a request's own resident experts are not evicted by its misses: with LRU the
@@ -344,7 +364,7 @@ static void test_pins(model *m) {
     expert_cache_stats s = expert_cache_get_stats(c);
     CHECK(s.hits == 1 && s.misses == 4, "resident expert of a request evicted by its own miss (hits %llu misses %llu)",
           (unsigned long long)s.hits, (unsigned long long)s.misses);
-    expert_cache_free(c);
+    cache_done(c);
 }
 
 /* Hand-made sequences where the policies differ; expected hit counts from the simulator. */
@@ -533,10 +553,10 @@ static void test_identical(model *m) {
                           (unsigned long long)t.hits, (unsigned long long)t.misses, (unsigned long long)s.hits,
                           (unsigned long long)s.misses);
                 }
-                expert_cache_free(c2);
+                cache_done(c2);
             }
             hint_hits_seen += s.hint_hits;
-            expert_cache_free(c);
+            cache_done(c);
         }
     CHECK(hint_hits_seen > 0, "no hint was ever used");
 done:
@@ -606,7 +626,7 @@ static void test_failed_read(void) {
               readers, (unsigned long long)s0.misses, (unsigned long long)(s1.hits - s0.hits), (unsigned long long)s1.misses);
         request rb = {layer, 1, {b}};
         CHECK(run_request(ca, &m, &rb, 1, &err) == 0, "readers %d: B after the restore: %s", readers, err.msg);
-        expert_cache_free(ca);
+        cache_done(ca);
         free(saved);
         model_close(&m);
     }
@@ -630,6 +650,9 @@ int main(int argc, char **argv) {
     test_identical(&m);
     model_close(&m);
     test_failed_read();
+    /* the index must have been asked (phit with a full cache), else the checks above checked nothing */
+    CHECK(indexed_victims_checked > 100, "only %llu phit victims came from the index", (unsigned long long)indexed_victims_checked);
+    printf("phit victims from the index, each checked against a scan: %llu\n", (unsigned long long)indexed_victims_checked);
     printf("%s: %d checks, %d failures\n", check_failures ? "FAIL" : "ok", check_count, check_failures);
     return check_failures ? 1 : 0;
 }

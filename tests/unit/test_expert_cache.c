@@ -22,7 +22,8 @@
  * the simulator on a real trace):
  *   bin/test_expert_cache --replay TRACE --model DIR --workers W --slots N --policy P
  * replays a `bin/k3 --dump-expert-trace` file through W real caches (ownership as
- * k3-expertd) exactly as the simulator models it and prints "hits H misses M". */
+ * k3-expertd) exactly as the simulator models it and prints "hits H misses M"; every
+ * phit victim taken from the index is checked against a scan unless --verify 0 (to time it). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -79,11 +80,14 @@ static void model_close(model *m) {
     m->open = 0;
 }
 
+/* cache_of's caches check every indexed victim against a scan (--replay --verify 0: not, to time the index) */
+static int replay_verify = 1;
+
 static expert_cache *cache_of(model *m, size_t slots, cache_policy p, k3_error *err) {
     expert_cache *c = expert_cache_create(&m->st, &m->ck, slots * expert_cache_slot_bytes(&m->st), -1, err);
     if (c) {
         expert_cache_set_policy(c, p);
-        expert_cache_set_verify(c, 1); /* phit's indexed victims checked against a scan of all slots */
+        expert_cache_set_verify(c, replay_verify); /* phit's indexed victims checked against a scan of all slots */
     }
     return c;
 }
@@ -231,11 +235,12 @@ static int replay_main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--workers")) workers = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "--slots")) slots = atol(argv[i + 1]);
         else if (!strcmp(argv[i], "--policy")) pname = argv[i + 1];
+        else if (!strcmp(argv[i], "--verify")) replay_verify = atoi(argv[i + 1]);
         else { fprintf(stderr, "unknown option %s\n", argv[i]); return 2; }
     }
     cache_policy p;
     if (!trace || workers < 1 || slots < 1 || cache_policy_parse(pname, &p)) {
-        fprintf(stderr, "usage: %s --replay TRACE [--model DIR] [--workers W] --slots N [--policy lru|lfu|phit]\n", argv[0]);
+        fprintf(stderr, "usage: %s --replay TRACE [--model DIR] [--workers W] --slots N [--policy lru|lfu|phit] [--verify 0|1]\n", argv[0]);
         return 2;
     }
     k3_error err = {0};

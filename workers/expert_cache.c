@@ -48,6 +48,7 @@ typedef struct {
     int evict_first;      /* a hint its layer's request did not ask for: the first to go */
     dr_read *rd;          /* its pool read: c->rds[slot], apart so that a scan of the slots stays dense */
     int32_t ix_prev, ix_next; /* phit's victim index: the slot's neighbours in its layer's list, -1 none */
+    int32_t h_prev, h_next;   /* the list of hinted slots (hint set): neighbours, -1 none */
     int16_t ix_cell;      /* phit's victim index: its cell (age bucket x PHIT_RATES + rate class), -1 not indexed */
     uint64_t last_use;
     uint8_t *buf;
@@ -72,7 +73,9 @@ struct expert_cache {
                            * a hint, checked against the slot (at most one non-EMPTY slot holds a key) */
     size_t n_empty;       /* EMPTY slots */
     size_t empty_lo;      /* no slot below this index is EMPTY */
-    size_t hints_out;     /* slots with the hint flag set */
+    size_t hints_out;     /* slots with the hint flag set: the list from hint_head */
+    size_t evict_firsts;  /* of them, with evict_first set */
+    int32_t hint_head;    /* first hinted slot, -1 none */
     /* policy state */
     cache_policy policy;
     int n_layers, n_experts;
@@ -153,7 +156,9 @@ expert_cache *expert_cache_create(const expert_store *st, checkpoint *ck, uint64
         c->slots[i].rd = &c->rds[i];
         c->slots[i].ix_cell = -1;
         c->slots[i].ix_prev = c->slots[i].ix_next = -1;
+        c->slots[i].h_prev = c->slots[i].h_next = -1;
     }
+    c->hint_head = -1;
     for (int l = 0; l < st->n_layers; l++) c->ix_head[l] = -1;
     return c;
 }
@@ -488,6 +493,31 @@ static cache_slot *find(expert_cache *c, int layer, int expert) {
     return s && s->state == SLOT_READY ? s : NULL;
 }
 
+/* Slot s is read for a hint: it joins the hinted slots' list. */
+static void hint_on(expert_cache *c, cache_slot *s) {
+    if (s->hint) return;
+    int32_t i = (int32_t)(s - c->slots);
+    s->hint = 1;
+    s->h_prev = -1;
+    s->h_next = c->hint_head;
+    if (s->h_next >= 0) c->slots[s->h_next].h_prev = i;
+    c->hint_head = i;
+    c->hints_out++;
+}
+
+/* Slot s's hint ends (used, emptied or taken): it leaves the list, and its evict_first with it. */
+static void hint_off(expert_cache *c, cache_slot *s) {
+    if (s->evict_first) c->evict_firsts--;
+    s->evict_first = 0;
+    if (!s->hint) return;
+    if (s->h_prev >= 0) c->slots[s->h_prev].h_next = s->h_next;
+    else c->hint_head = s->h_next;
+    if (s->h_next >= 0) c->slots[s->h_next].h_prev = s->h_prev;
+    s->h_prev = s->h_next = -1;
+    s->hint = 0;
+    c->hints_out--;
+}
+
 /* Slot s becomes EMPTY (a failed read). */
 static void set_empty(expert_cache *c, cache_slot *s) {
     if (s->state != SLOT_EMPTY) {
@@ -495,18 +525,16 @@ static void set_empty(expert_cache *c, cache_slot *s) {
         c->n_empty++;
         if (i < c->empty_lo) c->empty_lo = i;
     }
-    if (s->hint) c->hints_out--;
+    hint_off(c, s);
     s->state = SLOT_EMPTY;
     s->pins = 0;
-    s->hint = s->evict_first = 0;
     ix_sync(c, s);
 }
 
 /* A hinted slot is used: it is an ordinary slot from now on. */
 static void hint_used(expert_cache *c, cache_slot *s) {
     if (!s->hint) return;
-    s->hint = s->evict_first = 0;
-    c->hints_out--;
+    hint_off(c, s);
     c->stats.hint_hits++;
     ix_sync(c, s);
 }
@@ -554,19 +582,42 @@ static int ix_consistent(expert_cache *c) {
         if (cell != s->ix_cell) return 0;
         n_in += cell >= 0;
     }
-    size_t n_cells = 0;
+    size_t n_cells = 0, n_hints = 0, n_first = 0, n_hint_flags = 0;
     for (int x = 0; x < PHIT_CELLS; x++) n_cells += c->ix_cell_n[x];
-    return n_cells == n_in;
+    for (int32_t i = c->hint_head; i >= 0 && n_hints <= c->n_slots; i = c->slots[i].h_next) {
+        n_hints++;
+        n_first += c->slots[i].evict_first != 0;
+        if (!c->slots[i].hint) return 0;
+    }
+    for (size_t i = 0; i < c->n_slots; i++) n_hint_flags += c->slots[i].hint != 0;
+    return n_cells == n_in && n_hints == c->hints_out && n_hint_flags == n_hints && n_first == c->evict_firsts;
+}
+
+/* Among READY unpinned hinted slots with evict_first == first: the policy's choice (the scan's
+ * order within a class). O(hints out). */
+static cache_slot *hint_victim(expert_cache *c, int first) {
+    if (first ? !c->evict_firsts : c->hints_out == c->evict_firsts) return NULL;
+    cache_slot *best = NULL;
+    evict_key bk = {0};
+    for (int32_t i = c->hint_head; i >= 0; i = c->slots[i].h_next) {
+        cache_slot *s = &c->slots[i];
+        if (s->state != SLOT_READY || s->pins != 0 || s->evict_first != first) continue;
+        evict_key k = evict_key_of(c, s);
+        if (!best || evict_before(k, bk)) { best = s; bk = k; }
+    }
+    return best;
 }
 
 static cache_slot *victim_for(expert_cache *c, int for_hint) {
     if (c->n_empty) /* the first EMPTY slot in index order, found from the cursor */
         for (size_t i = c->empty_lo; i < c->n_slots; i++)
             if (c->slots[i].state == SLOT_EMPTY) { c->empty_lo = i; return &c->slots[i]; }
-    /* phit without hints out: every candidate is in the index (with hints, the hint classes
-     * come first and last: the scan, as before) */
-    if (c->policy != CACHE_POLICY_PHIT || c->hints_out) return victim_scan(c, for_hint);
-    cache_slot *s = ix_victim(c);
+    if (c->policy != CACHE_POLICY_PHIT) return victim_scan(c, for_hint);
+    /* phit: the middle class is in the index; the hint classes (first: hints their request did not
+     * ask for; last, not for a hint: pending hints of other layers) are in the hint list */
+    cache_slot *s = hint_victim(c, 1);
+    if (!s) s = ix_victim(c);
+    if (!s && !for_hint) s = hint_victim(c, 0);
     if (c->verify) {
         c->verify_checks++;
         if (s != victim_scan(c, for_hint) || !ix_consistent(c)) c->verify_failures++;
@@ -579,11 +630,11 @@ static cache_slot *victim(expert_cache *c) { return victim_for(c, 0); }
 /* The slot s is taken for (layer, expert): a hint never used counts as wasted. */
 static void take(expert_cache *c, cache_slot *s, int layer, int expert, int pins) {
     if (s->state == SLOT_READY && s->hint) c->stats.hint_wasted++;
-    if (s->hint) c->hints_out--;
+    hint_off(c, s);
     if (s->state == SLOT_EMPTY) c->n_empty--;
     ix_remove(c, s);
     *s = (cache_slot){.state = SLOT_READING, .pins = pins, .layer = layer, .expert = expert, .buf = s->buf, .rd = s->rd,
-                      .ix_prev = -1, .ix_next = -1, .ix_cell = -1};
+                      .ix_prev = -1, .ix_next = -1, .h_prev = -1, .h_next = -1, .ix_cell = -1};
     c->slot_of[(size_t)layer * (size_t)c->n_experts + (size_t)expert] = (uint32_t)(s - c->slots) + 1;
 }
 
@@ -651,7 +702,17 @@ static int finish_read(expert_cache *c, cache_slot *s, k3_error *err) {
 /* Demand victim with readers: as victim(), else waits for a hint in flight and takes its slot. */
 static cache_slot *victim_wait(expert_cache *c) {
     cache_slot *s = victim(c);
-    for (size_t i = 0; !s && i < c->n_slots; i++) {
+    if (!s) { /* a hint in flight (the lowest slot, as a scan finds it) */
+        cache_slot *t = NULL;
+        for (int32_t i = c->hint_head; i >= 0; i = c->slots[i].h_next)
+            if (c->slots[i].state == SLOT_READING && c->slots[i].pins == 0 && (!t || &c->slots[i] < t)) t = &c->slots[i];
+        if (t) {
+            k3_error ignored = {0};
+            finish_read(c, t, &ignored); /* a failed hint: the slot is EMPTY, which is fine here */
+            s = t;
+        }
+    }
+    for (size_t i = 0; !s && i < c->n_slots; i++) { /* none: any read in flight that nothing pins */
         cache_slot *t = &c->slots[i];
         if (t->state == SLOT_READING && t->pins == 0) {
             k3_error ignored = {0};
@@ -692,11 +753,11 @@ static int prefetch_async(expert_cache *c, int layer, const int32_t *experts, si
     /* hints of this layer that the request does not ask for go first */
     if (c->hints_out) {
         for (size_t i = 0; i < n; i++) c->in_request[experts[i]] = 1;
-        for (size_t i = 0; i < c->n_slots; i++) {
+        for (int32_t i = c->hint_head; i >= 0; i = c->slots[i].h_next) {
             cache_slot *s = &c->slots[i];
-            if (s->state == SLOT_EMPTY || !s->hint || s->layer != layer || c->in_request[s->expert]) continue;
+            if (s->state == SLOT_EMPTY || s->evict_first || s->layer != layer || c->in_request[s->expert]) continue;
             s->evict_first = 1;
-            ix_sync(c, s);
+            c->evict_firsts++;
         }
         for (size_t i = 0; i < n; i++) c->in_request[experts[i]] = 0;
     }
@@ -730,16 +791,14 @@ static int prefetch_async(expert_cache *c, int layer, const int32_t *experts, si
 
 size_t expert_cache_hint(expert_cache *c, int layer, const int32_t *experts, size_t n) {
     if (!c->pool || c->n_slots < 2) return 0;
-    size_t pending = 0, started = 0;
-    for (size_t i = 0; i < c->n_slots; i++) pending += c->slots[i].hint && !c->slots[i].evict_first;
+    size_t pending = c->hints_out - c->evict_firsts, started = 0;
     for (size_t i = 0; i < n && pending < c->n_slots - 1; i++) {
         const expert_loc *loc = expert_store_loc(c->st, layer, experts[i]);
         if (!loc || !loc->contiguous || !c->direct_ok || find_any(c, layer, experts[i])) continue;
         cache_slot *s = victim_for(c, 1);
         if (!s) break;
         take(c, s, layer, experts[i], 0);
-        s->hint = 1;
-        c->hints_out++;
+        hint_on(c, s);
         k3_error ignored = {0};
         if (start_read(c, s, loc, 0, &ignored)) continue;
         c->stats.hint_reads++;

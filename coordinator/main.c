@@ -754,6 +754,7 @@ static int plan_only(const options *o) {
     k3_topology topo;
     placement pl;
     if (make_placement(o, &topo, &pl)) { config_free(&cfg); return EXIT_USAGE; }
+    omp_set_num_threads(pl.coord_threads); /* as the run does before it plans: the scratch is per thread */
     int n_servers = pl.n_servers;
     placement_free(&pl);
     topology_free(&topo);

@@ -21,7 +21,7 @@ M=tests/models/m13
 P="5,17,300,42,7,99,256,1,5,17,300,42"
 run() { "$K3" $M --ids $P --gen 14 "$@" 2>"$T/err" || { cat "$T/err"; return 1; }; }
 
-for mode in "--workers 0" "--workers 2" "--workers 0 --mem-gb 0.018" "--workers 0 --temperature 0.8 --top-p 0.9 --seed 7"; do
+for mode in "--workers 0" "--workers 2" "--workers 0 --mem-gb 0.0192" "--workers 0 --temperature 0.8 --top-p 0.9 --seed 7"; do
   run $mode --dump-logits "$T/base.f32" > "$T/base.ids" || bad "plain run ($mode)"
   tr ' ' '\n' < "$T/base.ids" > "$T/good.ids"
   # partial: the right ids with every third one wrong
@@ -29,7 +29,7 @@ for mode in "--workers 0" "--workers 2" "--workers 0 --mem-gb 0.018" "--workers 
   seq 600 620 > "$T/wrong.ids"
   for d in "ids --draft-ids $T/good.ids" "ids --draft-ids $T/part.ids" "ids --draft-ids $T/wrong.ids" "ngram" \
            "model --draft-model tests/models/m13" "model --draft-model tests/models/m14b12"; do
-    # a draft model is a plan line: the 0.018 GiB budget holds the target alone (a budget with one below)
+    # a draft model is a plan line: the 0.0192 GiB budget holds the target alone (a budget with one below)
     case "$mode $d" in *mem-gb*model*) continue;; esac
     # rollback from per-position states (the default) at k 1, 4, 9; snapshot + re-feed at k 4
     for kr in "1 states" "4 states" "9 states" "4 refeed"; do
@@ -73,7 +73,7 @@ for x in (a, s, o):
     assert x["bytes_per_token"] > x["trunk_bytes_per_token"], x
 PY
 run --workers 0 > "$T/b0.ids"
-run --workers 0 --mem-gb 0.0245 --draft-model tests/models/m13 --dump-logits "$T/dmb.f32" > "$T/dmb.ids" 2> /dev/null || bad "--draft-model at a small budget"
+run --workers 0 --mem-gb 0.0257 --draft-model tests/models/m13 --dump-logits "$T/dmb.f32" > "$T/dmb.ids" 2> /dev/null || bad "--draft-model at a small budget"
 cmp -s "$T/dmb.ids" "$T/b0.ids" || bad "--draft-model at a small budget: ids differ"
 mkdir -p "$T/othertok"
 for f in tests/models/m13/*; do ln -s "$PWD/$f" "$T/othertok/"; done

@@ -92,7 +92,7 @@ plan_of "$T/m.err" > "$T/plan.run"
 grep -q "^memory plan .*MPI rank 0: the experts on 2 expert ranks" "$T/plan.run" || { cat "$T/plan.run"; bad "rank 0's plan does not say where the experts are"; }
 grep -q "^  expert cache  *none in this process (.* on the 2 expert ranks)" "$T/plan.run" || bad "rank 0's plan has an in-process expert cache"
 grep -q "^  MPI buffers  *[0-9.]* MiB  (2 x " "$T/plan.run" || bad "rank 0's plan has no MPI buffers line"
-timeout 120 $MPI -np 3 "$K3" $M --plan-only --mpi $PA > "$T/only.out" 2> "$T/only.err" || { cat "$T/only.err"; bad "--plan-only --mpi under mpirun failed"; }
+timeout 120 $MPI -np 3 "$K3" $M --plan-only --mpi --threads 1 $PA > "$T/only.out" 2> "$T/only.err" || { cat "$T/only.err"; bad "--plan-only --mpi under mpirun failed"; }
 [ "$(grep -c '^memory plan' "$T/only.out")" = 1 ] || bad "--plan-only --mpi: not exactly one plan printed"
 plan_of "$T/only.out" | diff - "$T/plan.run" || bad "--plan-only --mpi and rank 0 of the run print different plans"
 "$K3" $M --plan-only --mpi $PA | grep -q "experts on 1 expert rank)" || bad "--plan-only --mpi without mpirun: not one expert rank"

@@ -19,9 +19,9 @@
  * Finding an expert's slot is one index lookup (a resident K3 server holds tens of
  * thousands of slots, asked several times per expert use); the first EMPTY slot is
  * found from a cursor. Choosing phit's victim (a miss, when no slot is EMPTY) takes
- * O(180 + layers) from an index of the evictable slots by (age bucket, rate class,
- * layer), kept as slots change (each slot re-bucketed about once per pass); lru and
- * lfu, and phit while prefetch hints are out, scan the slots.
+ * O(180 + layers + hints out) from an index of the evictable unhinted slots by (age
+ * bucket, rate class, layer), kept as slots change (each slot re-bucketed about once
+ * per pass), and a list of the hinted slots; lru and lfu scan the slots.
  *
  * Policies (which READY unpinned slot is evicted; they change only speed, never
  * a result). Layers come round once per forward pass (a "cycle"), so experts are

@@ -10,26 +10,26 @@
 #include <omp.h>
 #include <string.h>
 
-/* Causal depthwise conv of width K, then SiLU, over T tokens; hist holds the
- * previous K-1 inputs ([K-1][P], oldest first) and is advanced past the chunk.
- * ext: room for (K-1+T)*P floats. With keep_n > 0, the history after token i
- * (i < keep_n) is also written to keep + i * keep_stride floats. */
-static void conv_silu(float *io, float *hist, const float *w, size_t T, size_t P, size_t K, float *ext, float *keep,
-                      size_t keep_stride, size_t keep_n) {
-    size_t H1 = K - 1;
-    memcpy(ext, hist, H1 * P * sizeof *ext);
-    memcpy(ext + H1 * P, io, T * P * sizeof *ext);
-    for (size_t i = 0; i < keep_n && i < T; i++) memcpy(keep + i * keep_stride, ext + (i + 1) * P, H1 * P * sizeof *ext);
-    /* channels are independent (each its own sum and SiLU): split over the threads, the same
-     * bits; a decode step's 12288 channels x 3 convolutions were ~0.5 ms on one thread */
-#pragma omp parallel for schedule(static) if (T * P >= 4096)
-    for (size_t c = 0; c < P; c++)
-        for (size_t t = 0; t < T; t++) {
+/* Causal depthwise conv of width K, then SiLU, over T tokens, for channels [c0, c0 + nc) of
+ * P: hist holds the previous K-1 inputs ([K-1][P], oldest first) and is advanced past the
+ * chunk. ext: the caller's room for (K-1+T)*nc floats. With keep_n > 0, the history after
+ * token i (i < keep_n) is also written to keep + i * keep_stride floats. Channels are
+ * independent (each its own sum and SiLU), so the head jobs of kda_forward each convolve
+ * their own head's channels: the bits of one convolution over all channels. */
+static void conv_silu(float *io, float *hist, const float *w, size_t T, size_t P, size_t K, size_t c0, size_t nc,
+                      float *ext, float *keep, size_t keep_stride, size_t keep_n) {
+    size_t H1 = K - 1, cb = nc * sizeof *ext;
+    for (size_t r = 0; r < H1; r++) memcpy(ext + r * nc, hist + r * P + c0, cb);
+    for (size_t t = 0; t < T; t++) memcpy(ext + (H1 + t) * nc, io + t * P + c0, cb);
+    for (size_t i = 0; i < keep_n && i < T; i++)
+        for (size_t r = 0; r < H1; r++) memcpy(keep + i * keep_stride + r * P + c0, ext + (i + 1 + r) * nc, cb);
+    for (size_t t = 0; t < T; t++)
+        for (size_t c = 0; c < nc; c++) {
             double s = 0;
-            for (size_t i = 0; i < K; i++) s += (double)w[c * K + i] * (double)ext[(t + i) * P + c];
-            io[t * P + c] = (float)(s * sigmoid_d(s));
+            for (size_t i = 0; i < K; i++) s += (double)w[(c0 + c) * K + i] * (double)ext[(t + i) * nc + c];
+            io[t * P + c0 + c] = (float)(s * sigmoid_d(s));
         }
-    memcpy(hist, ext + T * P, H1 * P * sizeof *ext);
+    for (size_t r = 0; r < H1; r++) memcpy(hist + r * P + c0, ext + (T + r) * nc, cb);
 }
 
 /* One head, one token: the delta-rule update and read. S is [D][D] (row = key dim).
@@ -68,7 +68,7 @@ static void kda_head_step(float *S, const float *q, const float *kv, const float
 }
 
 typedef struct {
-    float *q, *kk, *v, *fa, *z, *b, *gate, *o, *ext;
+    float *q, *kk, *v, *fa, *z, *b, *gate, *o, *ext; /* ext: [nthreads][(K-1+R) D] */
     double *head; /* [nthreads][3D] */
 } kda_bufs;
 
@@ -83,7 +83,7 @@ static int kda_layout(scratch *sc, const k3_config *c, size_t R, int nthreads, k
     B->b = scratch_take(sc, R * H * f);
     B->gate = scratch_take(sc, R * P * f);
     B->o = scratch_take(sc, R * P * f);
-    B->ext = scratch_take(sc, (K - 1 + R) * P * f);
+    B->ext = scratch_take(sc, (size_t)nthreads * (K - 1 + R) * D * f); /* per thread: one head's channels */
     B->head = scratch_take(sc, (size_t)nthreads * 3 * D * sizeof(double));
     return B->q && B->kk && B->v && B->fa && B->z && B->b && B->gate && B->o && B->ext && B->head ? 0 : -1;
 }
@@ -116,23 +116,28 @@ int kda_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const kda_
     size_t hist = (K - 1) * P;
     /* per-position states (state.h keep): S after token i at keep_S(s, i), its conv history after it */
     size_t kstride = seq_state_recurrent_bytes(c) / sizeof(float), koff = seq_state_recurrent_offset(c, l) / sizeof(float);
-    for (size_t s = 0; s < nseg; s++) {
-        kda_state *st = &sg[s].st->kda[l];
-        size_t r0 = sg[s].row0, n = sg[s].n, kn = sg[s].st->keep ? sg[s].st->keep_n : 0;
-        float *kc = kn ? (float *)sg[s].st->keep + koff + H * D * D : NULL;
-        conv_silu(q + r0 * P, st->conv, w->conv_q, n, P, K, B.ext, kc, kstride, kn);
-        conv_silu(kk + r0 * P, st->conv + hist, w->conv_k, n, P, K, B.ext, kc ? kc + hist : NULL, kstride, kn);
-        conv_silu(v + r0 * P, st->conv + 2 * hist, w->conv_v, n, P, K, B.ext, kc ? kc + 2 * hist : NULL, kstride, kn);
-    }
     size_t jobs = nseg * H;
+    /* one region: a job is one head of one segment, its channels' short convolutions (q, k, v)
+     * and then its delta-rule steps (a decode step had four regions, three of them for the
+     * convolutions) */
 #pragma omp parallel for schedule(static) num_threads(nthreads)
     for (size_t job = 0; job < jobs; job++) {
         size_t s = job / H, h = job % H;
         double *alpha = B.head + (size_t)omp_get_thread_num() * 3 * D;
         double *acc = alpha + D;
+        float *ext = B.ext + (size_t)omp_get_thread_num() * (K - 1 + R) * D;
         float *S = sg[s].st->kda[l].S + h * D * D;
         size_t kn = sg[s].st->keep ? sg[s].st->keep_n : 0;
         float *kS = kn ? (float *)sg[s].st->keep + koff + h * D * D : NULL;
+        {
+            kda_state *st = &sg[s].st->kda[l];
+            size_t r0 = sg[s].row0, n = sg[s].n;
+            float *kc = kn ? (float *)sg[s].st->keep + koff + H * D * D : NULL;
+            conv_silu(q + r0 * P, st->conv, w->conv_q, n, P, K, h * D, D, ext, kc, kstride, kn);
+            conv_silu(kk + r0 * P, st->conv + hist, w->conv_k, n, P, K, h * D, D, ext, kc ? kc + hist : NULL, kstride, kn);
+            conv_silu(v + r0 * P, st->conv + 2 * hist, w->conv_v, n, P, K, h * D, D, ext, kc ? kc + 2 * hist : NULL, kstride,
+                      kn);
+        }
         double decay_rate = exp((double)w->a_log[h]); /* A_log is per HEAD */
         for (size_t t = sg[s].row0; t < sg[s].row0 + sg[s].n; t++) {
             float *qh = q + t * P + h * D, *kh = kk + t * P + h * D, *oh = o + t * P + h * D;

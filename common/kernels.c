@@ -491,12 +491,21 @@ void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *con
     /* one region for all n matmuls: each job finds its matrix. A dynamic schedule runs as guided
      * (the same smallest chunk): a thread's first chunks are long runs of consecutive row blocks,
      * whose next block the one-token kernels prefetch (16 rw6 experts, 2 threads, best of 20
-     * calls in four rounds: dynamic,4 38.8-43.1 GFLOP/s, guided,4 43.7-45.4) */
+     * calls in four rounds: dynamic,4 38.8-43.1 GFLOP/s, guided,4 43.7-45.4). With a multi-token
+     * (gemm) job in the list, plain dynamic one panel at a time instead: a prefill's experts have
+     * unequal token counts, so equal runs of jobs are unequal work, and guided's first chunk (half
+     * the jobs) left the other thread idle at the end (rw6, 264 ids, chunk 64, 2 threads: the
+     * experts' phase at 74-76 % of two threads' CPU time, the other phases 85-97 %) */
     omp_sched_t kind;
     int chunk;
     omp_get_schedule(&kind, &chunk);
     if (chunk < 1) chunk = 1;
-    if (((unsigned)kind & ~(unsigned)omp_sched_monotonic) == (unsigned)omp_sched_dynamic) {
+    int any_gemm = 0;
+    for (size_t i = 0; i < n; i++) any_gemm |= gemm[i];
+    if (((unsigned)kind & ~(unsigned)omp_sched_monotonic) == (unsigned)omp_sched_dynamic && any_gemm) {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (size_t j = 0; j < total; j++) mxfp4_list_job(k, &rb, W, x, xd, ntok, y, first, gemm, j);
+    } else if (((unsigned)kind & ~(unsigned)omp_sched_monotonic) == (unsigned)omp_sched_dynamic) {
 #pragma omp parallel for schedule(guided, chunk)
         for (size_t j = 0; j < total; j++) mxfp4_list_job(k, &rb, W, x, xd, ntok, y, first, gemm, j);
     } else {

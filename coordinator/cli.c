@@ -215,6 +215,10 @@ static const cli_flag FLAGS[] = {
     {"max-restarts", "N", CLI_LONG, OFF(max_restarts), 0, 1000, NULL, "3", "restarts per server before the run fails"},
     {"mem-gb", "X", CLI_DOUBLE, OFF(mem_gb), 0, 1e7, NULL, NULL,
      "one memory budget in GiB for the coordinator and every expert server together (fractions allowed)"},
+    {"mmap", NULL, CLI_SWITCH, OFF(map_trunk), 1, 0, NULL, NULL,
+     "the pinned trunk is the checkpoint files' own pages (a read-only mapping) instead of copies read with O_DIRECT: a "
+     "repeated run finds them in the page cache and loads without reading or clearing memory; values still checked "
+     "at load; no NUMA placement of the trunk; the files must not change while it runs (the budget counts them as before)"},
     {"preset", "NAME", CLI_STR, OFF(preset), 0, 0, NULL, NULL,
      "`laptop` 8, `desktop` 32, `workstation` 128, `server` 512 GiB, `max` (everything resident), `auto` (85 % of "
      "MemAvailable; the default); `--list-presets` lists them"},

@@ -37,6 +37,7 @@ typedef struct {
     int numa;
     /* memory */
     double mem_gb;              /* 0: not given */
+    int map_trunk;              /* --mmap: the pinned trunk is the checkpoint's mapped pages (trunk_config.map_pinned) */
     const char *preset;
     int list_presets, plan_only;
     long max_context;

@@ -54,7 +54,7 @@ int draft_model_open(draft_model *d, const char *dir, const k3_config *tcfg, con
     }
     mem_plan p;
     if (plan_make(&p, &d->m.cfg, &d->m, 0, 0, chunk, cap, &e)) { k3_fail(err, "--draft-model %s: %s", dir, e.msg); goto fail; }
-    trunk_config tc = {p.n_pinned, p.n_slots, p.lm_chunk_rows, 0};
+    trunk_config tc = {p.n_pinned, p.n_slots, p.lm_chunk_rows, 0, 0};
     uint64_t cache = p.expert_cache_per_worker;
     plan_free(&p);
     if (!(d->tr = trunk_create(&d->m, &tc, &e)) ||

@@ -1076,7 +1076,7 @@ static int k3_main(int argc, char **argv, int *mpi_rank, int *mpi_size) {
     }
     plan_print(&plan, &m.cfg, stderr);
     status = EXIT_RUNTIME;
-    trunk_config tc = {plan.n_pinned, plan.n_slots, plan.lm_chunk_rows, (int)o.read_threads};
+    trunk_config tc = {plan.n_pinned, plan.n_slots, plan.lm_chunk_rows, (int)o.read_threads, (int)o.map_trunk};
     t0 = k3_now_s();
     c0 = proc_cpu_s();
     if (!(tr = trunk_create_placed(&m, &tc, numa_place_rows, &np, &err))) { fprintf(stderr, "k3: %s\n", err.msg); goto done; }

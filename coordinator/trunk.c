@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #define IO_ALIGN DIRECT_ALIGN
@@ -43,6 +44,7 @@ struct trunk {
     k3_error reader_err;
     double wait_s;            /* compute waiting for the reader */
     dr_pool *pool;            /* reads in flight (NULL: none started) */
+    int mapped;               /* the pinned units are the checkpoint's mapped pages (trunk_config.map_pinned) */
     trunk_place_fn place;     /* NUMA placement of each matrix's rows before it is read (NULL: none) */
     void *place_ctx;
 };
@@ -206,6 +208,47 @@ static int read_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
     return 0;
 }
 
+/* map_pinned: walk unit i's matrices are the checkpoint's pages (ub->buf stays NULL); the
+ * kernel is asked to read them ahead, then every value is checked finite, which faults the
+ * pages in (from the page cache when a run before left them there). */
+static int map_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
+    const k3_model *m = t->m;
+    checkpoint *ck = &t->m->ck;
+    const ckpt_entry *es[UNIT_MAX_TENSORS];
+    uint64_t off[UNIT_MAX_TENSORS], len[UNIT_MAX_TENSORS];
+    int n = 0;
+    if (i < m->n_units) {
+        const trunk_unit *u = &m->units[i];
+        for (int j = 0; j < u->n; j++) {
+            es[n] = u->e[j];
+            off[n] = 0;
+            len[n++] = u->e[j]->t->end - u->e[j]->t->begin;
+        }
+    } else {
+        size_t V = (size_t)m->cfg.vocab_size, r0 = (size_t)(i - m->n_units) * t->lm_rows;
+        size_t rows = V - r0 < t->lm_rows ? V - r0 : t->lm_rows, row_bytes = (size_t)m->cfg.hidden_size * lm_elsize(m);
+        es[n] = m->lm_head_entry;
+        off[n] = (uint64_t)r0 * row_bytes;
+        len[n++] = (uint64_t)rows * row_bytes;
+    }
+    for (int j = 0; j < n; j++) {
+        const uint8_t *base;
+#pragma omp critical(k3_trunk_map) /* checkpoint_data maps a shard on first use: one at a time */
+        base = checkpoint_data(ck, es[j], err);
+        if (!base) return -1;
+        ub->data[j] = base + off[j];
+        uintptr_t a = (uintptr_t)ub->data[j] & ~(uintptr_t)4095, b = (uintptr_t)ub->data[j] + len[j];
+        madvise((void *)a, b - a, MADV_WILLNEED); /* advice only: a failure changes nothing */
+    }
+    if (!t->checked[i])
+        for (int j = 0; j < n; j++) {
+            size_t sz = st_dtype_size(es[j]->t->dtype), first = (size_t)(off[j] / sz);
+            if (check_finite(t, es[j], ub->data[j], (size_t)(len[j] / sz), i < m->n_units ? 0 : first, err)) return -1;
+        }
+    t->checked[i] = 1;
+    return 0;
+}
+
 /* Bytes of the checkpoint that walk unit i covers (what a read of it costs). */
 static uint64_t walk_tensor_bytes(const trunk *t, int i) {
     const k3_model *m = t->m;
@@ -301,7 +344,12 @@ trunk *trunk_create_placed(k3_model *m, const trunk_config *tc, trunk_place_fn p
         return NULL;
     }
     int tty = isatty(2);
+    t->mapped = tc->map_pinned;
     for (int i = 0; i < t->n_pinned; i++) {
+        if (t->mapped) { /* the checkpoint's pages: no buffer */
+            t->pinned_bytes += walk_tensor_bytes(t, i);
+            continue;
+        }
         uint64_t n = walk_buffer_bytes(m, t->lm_rows, i);
         if (!(t->pinned[i].buf = alloc_aligned(n))) {
             trunk_free(t);
@@ -323,7 +371,7 @@ trunk *trunk_create_placed(k3_model *m, const trunk_config *tc, trunk_place_fn p
         stop = failed;
         if (stop) continue;
         k3_error e = {0};
-        int rc = read_walk_unit(t, i, &t->pinned[i], &e);
+        int rc = t->mapped ? map_walk_unit(t, i, &t->pinned[i], &e) : read_walk_unit(t, i, &t->pinned[i], &e);
 #pragma omp critical(k3_trunk_pin)
         {
             if (rc && !failed) {

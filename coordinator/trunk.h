@@ -26,6 +26,11 @@ typedef struct {
     int read_threads;        /* streamed units' reads in flight (common/direct_read dr_pool: every matrix of a unit
                               * submitted at once, each cut in 4 MiB pieces); 0: one pread at a time. The
                               * pinned units' load reads as without it (two readers, one pread each). */
+    int map_pinned;          /* the pinned units' matrices are the checkpoint's own pages (checkpoint_data: a
+                              * read-only shared mapping of each shard), not copies: nothing is read into fresh
+                              * memory, and a repeated run finds them in the page cache. Their values are still
+                              * checked finite at load (a pass that also faults the pages in); no NUMA placement;
+                              * the files must not change while the run maps them. */
 } trunk_config;
 
 /* NUMA (coordinator/numa_place.h): called before a matrix of `rows` rows is read

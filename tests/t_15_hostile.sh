@@ -100,6 +100,10 @@ else bad "mutations failed"; fi
 # a streamed matrix is checked on its first read too (budget at the floor: everything streams)
 rm -rf "$T/m"; cp -r "$MODEL" "$T/m"; $MUT "$T/m" setval $P.layers.9.self_attn.o_proj.weight 11 nan
 check in 1 "NaN in a streamed matrix" "$P.layers.9.self_attn.o_proj.weight|element 11" -- "$K3_BIN" "$T/m" --ids $IDS --gen 4 --workers 0 --mem-gb 0.0192
+# with --mmap the pinned units are the file's pages, checked all the same (in a matrix and in the lm head)
+check in 1 "NaN in a mapped pinned matrix (--mmap)" "$P.layers.9.self_attn.o_proj.weight|element 11" -- "$K3_BIN" "$T/m" --ids $IDS --gen 4 --workers 0 --preset max --mmap
+rm -rf "$T/m"; cp -r "$MODEL" "$T/m"; $MUT "$T/m" setval language_model.lm_head.weight 30000 inf
+check in 1 "Inf in a mapped lm head (--mmap)" "language_model.lm_head.weight|element 30000" -- "$K3_BIN" "$T/m" --ids $IDS --gen 4 --workers 0 --preset max --mmap
 # a non-finite value in an embedding row the prompt does not use changes nothing
 rm -rf "$T/m"; cp -r "$MODEL" "$T/m"; $MUT "$T/m" setval $P.embed_tokens.weight $((700*46)) nan
 check in ok "NaN in an unused embedding row: same ids" -- "$K3_BIN" "$T/m" --ids $IDS --gen 4 --workers 0

@@ -72,7 +72,7 @@ __attribute__((unused)) static void test_engine_open(test_engine *te, const char
     if (!k) die("no kernels");
     if (model_load(dir, &te->m, &err)) die(err.msg);
     if (plan_make(&te->plan, &te->m.cfg, &te->m, 0, 0, rows, ctx, &err)) die(err.msg);
-    trunk_config tc = {te->plan.n_pinned, te->plan.n_slots, te->plan.lm_chunk_rows, 0};
+    trunk_config tc = {te->plan.n_pinned, te->plan.n_slots, te->plan.lm_chunk_rows, 0, 0};
     if (!(te->tr = trunk_create(&te->m, &tc, &err))) die(err.msg);
     if (experts_local_create(&te->eb, &te->m, k, te->plan.expert_cache_per_worker, CACHE_POLICY_DEFAULT, &err))
         die(err.msg);

@@ -50,7 +50,7 @@ static void rig_open(rig *r, int streamed, size_t max_rows) {
     const kernels *k = kernels_get(SIMD_AUTO);
     size_t rows = (size_t)r->m.cfg.vocab_size / 3 + 1;
     int walk = trunk_walk_units(&r->m, rows);
-    trunk_config tc = {streamed ? 1 : walk, streamed ? 2 : 0, rows, 0};
+    trunk_config tc = {streamed ? 1 : walk, streamed ? 2 : 0, rows, 0, 0};
     if (!(r->tr = trunk_create(&r->m, &tc, &err))) { printf("trunk: %s\n", err.msg); exit(1); }
     if (experts_local_create(&r->fl.inner, &r->m, k, 1 << 20, CACHE_POLICY_LRU, &err)) { printf("experts: %s\n", err.msg); exit(1); }
     r->eb = (expert_backend){flaky_run, NULL, &r->fl, NULL, NULL};

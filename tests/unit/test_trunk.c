@@ -49,26 +49,28 @@ int main(void) {
     size_t V = (size_t)m.cfg.vocab_size, rows = (size_t)m.cfg.vocab_size / 3 + 1;
     int walk = trunk_walk_units(&m, rows);
 
-    trunk_config one = {0, 1, rows, 0};
+    trunk_config one = {0, 1, rows, 0, 0};
     trunk *t = trunk_create(&m, &one, &err);
     CHECK(t == NULL && strstr(err.msg, "at least 2 slots"), "a single streaming slot must be refused (got '%s')", err.msg);
     trunk_free(t);
 
-    float *ref = run(&m, k, (trunk_config){walk, 0, rows, 0}, 64);
+    float *ref = run(&m, k, (trunk_config){walk, 0, rows, 0, 0}, 64);
     CHECK(ref != NULL, "all-pinned run failed");
-    /* the last field: reads in flight (the dr_pool's threads; 0: one pread at a time) */
-    const trunk_config variants[] = {{0, 2, rows, 0}, {0, 3, rows, 3}, {1, 2, rows, 0},    {walk / 2, 2, rows, 4},
-                                     {walk - 1, 2, rows, 1}, {0, 2, rows, 2}, {walk, 0, rows, 2}};
+    /* the fourth field: reads in flight (the dr_pool's threads; 0: one pread at a time); the
+     * fifth: the pinned units mapped from the checkpoint (--mmap) instead of read */
+    const trunk_config variants[] = {{0, 2, rows, 0, 0},    {0, 3, rows, 3, 0}, {1, 2, rows, 0, 0},   {walk / 2, 2, rows, 4, 0},
+                                     {walk - 1, 2, rows, 1, 0}, {0, 2, rows, 2, 0}, {walk, 0, rows, 2, 0}, {walk, 0, rows, 0, 1},
+                                     {walk / 2, 2, rows, 2, 1}, {1, 2, rows, 0, 1}};
     for (size_t i = 0; ref && i < sizeof variants / sizeof variants[0]; i++)
         for (size_t chunk = 1; chunk <= 64; chunk *= 8) {
             float *got = run(&m, k, variants[i], chunk);
-            CHECK(got && memcmp(got, ref, NP * V * sizeof *got) == 0, "pinned %d, %d slots, chunk %zu: logits differ",
-                  variants[i].n_pinned_units, variants[i].n_slots, chunk);
+            CHECK(got && memcmp(got, ref, NP * V * sizeof *got) == 0, "pinned %d, %d slots, mapped %d, chunk %zu: logits differ",
+                  variants[i].n_pinned_units, variants[i].n_slots, variants[i].map_pinned, chunk);
             free(got);
         }
 
     /* the walk order is enforced: asking for the second unit first is an error, not a wrong weight */
-    trunk_config two = {0, 2, rows, 0};
+    trunk_config two = {0, 2, rows, 0, 0};
     t = trunk_create(&m, &two, &err);
     CHECK(t != NULL, "2-slot trunk: %s", err.msg);
     if (t) {

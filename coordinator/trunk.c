@@ -238,11 +238,7 @@ static int map_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
         if (!base) return -1;
         ub->data[j] = base + off[j];
         uintptr_t a = (uintptr_t)ub->data[j] & ~(uintptr_t)4095, b = (uintptr_t)ub->data[j] + len[j];
-        /* advice only (a failure changes nothing): 2 MiB mappings where the page cache holds 2 MiB folios
-         * (decode streams every weight each token: fewer TLB misses), and the kernel reading ahead */
-        uintptr_t ha = (a + WEIGHT_MEM_ALIGN - 1) & ~(uintptr_t)(WEIGHT_MEM_ALIGN - 1), hb = b & ~(uintptr_t)(WEIGHT_MEM_ALIGN - 1);
-        if (hb > ha) madvise((void *)ha, hb - ha, MADV_HUGEPAGE);
-        madvise((void *)a, b - a, MADV_WILLNEED);
+        madvise((void *)a, b - a, MADV_WILLNEED); /* advice only: a failure changes nothing */
     }
     if (!t->checked[i])
         for (int j = 0; j < n; j++) {

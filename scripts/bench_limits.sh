@@ -25,7 +25,9 @@
 # column), BENCH_LOCK (default /work/bench.lock if /work exists, else /tmp/k3-bench.lock),
 # GEN (tokens generated, default 8), STREAM_GB (default 7), RUNS (which runs besides the
 # all-threads decode: default "dec1 pre72 stream"; streampf: streamed with
-# --expert-prefetch on; preN for any N > 8, e.g.
+# --expert-prefetch on; mmap: a warm restart with --mmap (a run that fills the page cache,
+# then the measured one: its load against the read bandwidth, its decode against the roofline);
+# preN for any N > 8, e.g.
 # "pre72 pre136 pre264 pre520" for 64, 128, 256 and 512 prompt tokens beyond the 8).
 set -eu
 cd "$(dirname "$0")/.."
@@ -115,6 +117,13 @@ for who in new ${BASE_K3:+base}; do
   case " $RUNS " in *" dec1 "*) [ "$NT" -gt 1 ] && run "$who-dec1" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads 1 --preset max $pre ;; esac
   case " $RUNS " in *" stream "*) run "$who-stream" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --mem-gb "$STREAM_GB" ;; esac
   case " $RUNS " in *" streampf "*) run "$who-streampf" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --mem-gb "$STREAM_GB" --expert-prefetch on ;; esac
+  # mmap: the pinned trunk mapped from the page cache; the first run fills the cache, the second is a warm restart
+  case " $RUNS " in *" mmap "*)
+    if "$bin" --help 2>&1 | grep -q -- --mmap; then
+      run "$who-mmapfill" "$bin" --ids "$ids8" --gen 1 --workers 0 --threads "$NT" --preset max --mmap $pre
+      run "$who-mmap" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --preset max --mmap $pre
+    fi ;;
+  esac
 done
 
 log "ceilings (after)"
@@ -284,6 +293,19 @@ for who in ["new"] + (["base"] if base_k3 else []):
             gc = fN / xc / 1e9 if xc > 0 else float("nan")
             rows.append((label, f"prefill, CPU s per prompt token / threads ({N} vs 8 ids), {nt} threads", f"{xc:.3f}",
                          f"{gc:.1f} GFLOP/s vs peak {cl[('fma_peak_gflops', nt)]:.1f}", f"{100 * gc / cl[('fma_peak_gflops', nt)]:.0f} %", ""))
+    jm = load(f"{who}-mmap")
+    if jm:  # a warm restart with --mmap: the load is one pass over the mapped bytes (the finite check)
+        t = jm["timing"]
+        pb = jm["memory"]["trunk_pinned_bytes"]
+        lt = t.get("load_trunk_s", t["load_s"])
+        lr = pb / lt / 1e9 if lt > 0 else 0
+        bw = cl[("read_bw_gbs", nt)]
+        rows.append((label, f"time to first token with --mmap, page cache warm (a restart): load_s + prefill_s", f"{t['load_s']:.1f} + {t['prefill_s']:.1f} s",
+                     f"trunk in at {lr:.2f} GB/s vs read bandwidth {bw:.2f} (every byte checked once)", f"{100 * lr / bw:.0f} %", ""))
+        s = s_per_tok(jm)
+        rf = roofline(nt)
+        rows.append((label, f"resident decode with --mmap, {nt} threads, s/token (fastest step)", f"{s:.3f} ({jm['timing'].get('decode_step_min_s', 0):.3f})",
+                     f"roofline {rf:.3f} s", f"{100 * rf / s:.0f} %", " ".join(map(str, jm["generated_ids"]))))
     for tag, what in (("stream", ""), ("streampf", ", --expert-prefetch on")):
         js = load(f"{who}-{tag}")
         if not js:

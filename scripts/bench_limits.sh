@@ -12,7 +12,8 @@
 #              without fio: dd iflag=direct, QD 1, a lower bound);
 #   engine     on the real-width model (K3 widths, `make bench-model`): resident decode
 #              at 1 and all threads against its roofline, prefill (N- vs 8-token
-#              prompts, N from RUNS' preN entries) against the FMA peak, a streamed run (--mem-gb 7) against fio,
+#              prompts, N from RUNS' preN entries) against the FMA peak (and the longest preN's
+#              time by phase: --json timing.prefill_phases), a streamed run (--mem-gb 7) against fio,
 #              time to first token split into load_s (weights in: headers, the pinned
 #              trunk's reads, the expert backend and, with --preload-experts, which the
 #              resident runs use when the binary has it, every expert's read) and
@@ -328,4 +329,26 @@ print("| engine | run | measured | against | ratio | ids |")
 print("|---|---|---|---|---|---|")
 for r in rows:
     print("| " + " | ".join(r) + " |")
+# where a prefill's time goes (--json timing.prefill_phases): the longest preN run minus the 8-id
+# run, phase by phase (wall share, CPU time over threads x wall, GFLOP per CPU-second)
+for who in ["new"] + (["base"] if base_k3 else []):
+    j8 = load(f"{who}-dec{nt}")
+    pres = sorted((int(r[3:]), r) for r in RUNS.split() if r.startswith("pre") and r[3:].isdigit() and int(r[3:]) > 8)
+    jN = load(f"{who}-{pres[-1][1]}") if pres else None
+    if not (j8 and jN and "prefill_phases" in jN["timing"] and "prefill_phases" in j8["timing"]):
+        continue
+    N = pres[-1][0]
+    p8, pN = j8["timing"]["prefill_phases"], jN["timing"]["prefill_phases"]
+    d = {k: {f: e[f] - p8.get(k, {}).get(f, 0.0) for f in ("wall_s", "cpu_s", "gflop")} for k, e in pN.items()}
+    W = sum(e["wall_s"] for e in d.values())
+    print(f"\nWhere the prefill time goes ({'k3 (this tree)' if who == 'new' else 'k3 before (BASE_K3)'}, {N} vs 8 ids, "
+          f"{nt} threads, --json timing.prefill_phases; the 1-thread FMA peak {cl[('fma_peak_gflops', 1)]:.1f}):\n")
+    print("| phase | % of wall | CPU / (threads x wall) | GFLOP | GFLOP per CPU-second |")
+    print("|---|---|---|---|---|")
+    for k, e in sorted(d.items(), key=lambda kv: -kv[1]["wall_s"]):
+        if e["wall_s"] <= 0:
+            continue
+        eff = e["cpu_s"] / (nt * e["wall_s"])
+        rate = f"{e['gflop'] / e['cpu_s']:.1f}" if e["gflop"] > 0 and e["cpu_s"] > 0 else "-"
+        print(f"| {k} | {100 * e['wall_s'] / W:.1f} | {100 * eff:.0f} % | {e['gflop']:.1f} | {rate} |")
 EOF

@@ -335,10 +335,15 @@ static void ix_remove(expert_cache *c, cache_slot *s) {
     s->ix_cell = -1;
 }
 
-/* Slot s changed (state, pins, hint, key): in the index iff READY, unpinned and unhinted, in
- * its current cell. Cheap when nothing changed; called after every such change. */
+/* The cell slot s belongs in: its phit cell when READY, unpinned and unhinted, else -1 (not indexed). */
+static int ix_cell_wanted(expert_cache *c, const cache_slot *s) {
+    return s->state == SLOT_READY && s->pins == 0 && !s->hint && !s->evict_first ? phit_cell_of(c, s) : -1;
+}
+
+/* Slot s changed (state, pins, hint, key): in the index iff ix_cell_wanted says so, in that
+ * cell. Cheap when nothing changed; called after every such change. */
 static void ix_sync(expert_cache *c, cache_slot *s) {
-    int cell = s->state == SLOT_READY && s->pins == 0 && !s->hint && !s->evict_first ? phit_cell_of(c, s) : -1;
+    int cell = ix_cell_wanted(c, s);
     if (cell == s->ix_cell) return;
     if (cell < 0) { ix_remove(c, s); return; }
     if (s->ix_cell >= 0) { ix_move(c, s, cell); return; }
@@ -578,7 +583,7 @@ static int ix_consistent(expert_cache *c) {
     size_t n_in = 0;
     for (size_t i = 0; i < c->n_slots; i++) {
         const cache_slot *s = &c->slots[i];
-        int cell = s->state == SLOT_READY && s->pins == 0 && !s->hint && !s->evict_first ? phit_cell_of(c, s) : -1;
+        int cell = ix_cell_wanted(c, s);
         if (cell != s->ix_cell) return 0;
         n_in += cell >= 0;
     }

@@ -56,6 +56,13 @@ int trunk_walk_units(const k3_model *m, size_t lm_rows) {
 
 static size_t lm_elsize(const k3_model *m) { return m->lm_head.dtype == DTYPE_F32 ? 4 : 2; }
 
+/* lm chunk c (walk unit n_units + c): its first row (*r0) and its rows (the last chunk may be short) */
+static size_t lm_chunk_span(const trunk *t, int c, size_t *r0) {
+    size_t V = (size_t)t->m->cfg.vocab_size;
+    *r0 = (size_t)c * t->lm_rows;
+    return V - *r0 < t->lm_rows ? V - *r0 : t->lm_rows;
+}
+
 /* Buffer bytes walk unit i needs (tensor regions with alignment room). */
 static uint64_t walk_buffer_bytes(const k3_model *m, size_t lm_rows, int i) {
     if (i < m->n_units) {
@@ -193,8 +200,7 @@ static int read_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
         t->checked[i] = 1;
         return 0;
     }
-    size_t V = (size_t)m->cfg.vocab_size, r0 = (size_t)(i - m->n_units) * t->lm_rows;
-    size_t rows = V - r0 < t->lm_rows ? V - r0 : t->lm_rows, row_bytes = (size_t)m->cfg.hidden_size * lm_elsize(m);
+    size_t r0, rows = lm_chunk_span(t, i - m->n_units, &r0), row_bytes = (size_t)m->cfg.hidden_size * lm_elsize(m);
     if (t->place)
         t->place(t->place_ctx, ub->buf + (t->direct_ok ? (m->lm_head_entry->t->begin + r0 * row_bytes) % IO_ALIGN : 0), rows,
                  row_bytes, i >= t->n_pinned);
@@ -225,8 +231,7 @@ static int map_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
             len[n++] = u->e[j]->t->end - u->e[j]->t->begin;
         }
     } else {
-        size_t V = (size_t)m->cfg.vocab_size, r0 = (size_t)(i - m->n_units) * t->lm_rows;
-        size_t rows = V - r0 < t->lm_rows ? V - r0 : t->lm_rows, row_bytes = (size_t)m->cfg.hidden_size * lm_elsize(m);
+        size_t r0, rows = lm_chunk_span(t, i - m->n_units, &r0), row_bytes = (size_t)m->cfg.hidden_size * lm_elsize(m);
         es[n] = m->lm_head_entry;
         off[n] = (uint64_t)r0 * row_bytes;
         len[n++] = (uint64_t)rows * row_bytes;
@@ -243,7 +248,7 @@ static int map_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
     if (!t->checked[i])
         for (int j = 0; j < n; j++) {
             size_t sz = st_dtype_size(es[j]->t->dtype), first = (size_t)(off[j] / sz);
-            if (check_finite(t, es[j], ub->data[j], (size_t)(len[j] / sz), i < m->n_units ? 0 : first, err)) return -1;
+            if (check_finite(t, es[j], ub->data[j], (size_t)(len[j] / sz), first, err)) return -1;
         }
     t->checked[i] = 1;
     return 0;
@@ -253,8 +258,7 @@ static int map_walk_unit(trunk *t, int i, unit_buffer *ub, k3_error *err) {
 static uint64_t walk_tensor_bytes(const trunk *t, int i) {
     const k3_model *m = t->m;
     if (i < m->n_units) return m->units[i].bytes;
-    size_t V = (size_t)m->cfg.vocab_size, r0 = (size_t)(i - m->n_units) * t->lm_rows;
-    size_t rows = V - r0 < t->lm_rows ? V - r0 : t->lm_rows;
+    size_t r0, rows = lm_chunk_span(t, i - m->n_units, &r0);
     return (uint64_t)rows * (uint64_t)m->cfg.hidden_size * lm_elsize(m);
 }
 
@@ -537,9 +541,8 @@ int trunk_acquire_lm(trunk_pass *p, int c, dense_weight *w, size_t *row0, k3_err
     if (p->next != t->n_layer_units) return k3_fail(err, "trunk walk out of order: lm head before the last layer");
     const unit_buffer *ub = acquire_walk(t, t->n_layer_units + c, err);
     if (!ub) return -1;
-    size_t V = (size_t)t->m->cfg.vocab_size, r0 = (size_t)c * t->lm_rows;
-    *row0 = r0;
-    *w = (dense_weight){t->m->lm_head.dtype, V - r0 < t->lm_rows ? V - r0 : t->lm_rows, t->m->lm_head.cols, ub->data[0], -1, 0};
+    size_t rows = lm_chunk_span(t, c, row0);
+    *w = (dense_weight){t->m->lm_head.dtype, rows, t->m->lm_head.cols, ub->data[0], -1, 0};
     return 0;
 }
 

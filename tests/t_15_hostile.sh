@@ -97,9 +97,10 @@ if $MUT --batch "$MODEL" "$T/q" "$T/batch"; then
     rm -rf "$T/q/c$i"
   done
 else bad "mutations failed"; fi
-# a streamed matrix is checked on its first read too (budget at the floor: everything streams)
+# a streamed matrix is checked on its first read too (budget at the floor: everything streams; --threads
+# fixed: the plan holds scratch per coordinator thread, so the floor grows with the cpu count)
 rm -rf "$T/m"; cp -r "$MODEL" "$T/m"; $MUT "$T/m" setval $P.layers.9.self_attn.o_proj.weight 11 nan
-check in 1 "NaN in a streamed matrix" "$P.layers.9.self_attn.o_proj.weight|element 11" -- "$K3_BIN" "$T/m" --ids $IDS --gen 4 --workers 0 --mem-gb 0.0192
+check in 1 "NaN in a streamed matrix" "$P.layers.9.self_attn.o_proj.weight|element 11" -- "$K3_BIN" "$T/m" --ids $IDS --gen 4 --workers 0 --mem-gb 0.0192 --threads 2
 # with --mmap the pinned units are the file's pages, checked all the same (in a matrix and in the lm head)
 check in 1 "NaN in a mapped pinned matrix (--mmap)" "$P.layers.9.self_attn.o_proj.weight|element 11" -- "$K3_BIN" "$T/m" --ids $IDS --gen 4 --workers 0 --preset max --mmap
 rm -rf "$T/m"; cp -r "$MODEL" "$T/m"; $MUT "$T/m" setval language_model.lm_head.weight 30000 inf

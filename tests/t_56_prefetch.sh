@@ -97,7 +97,7 @@ ids=$($PY -c "import json; print(','.join(map(str, json.load(open('tests/expecte
 "$K3" "$M" --ids "$ids" --gen 8 --teacher-force --workers 0 --preset max --dump-logits "$T/ref.f32" > "$T/ref.out" 2>/dev/null \
   || fail "preload: reference run"
 for w in 0 2; do
-  for mem in "--preset max" "--mem-gb 0.0515"; do
+  for mem in "--preset max" "--mem-gb 0.0515 --threads 2"; do
     what="--preload-experts --workers $w $mem"
     "$K3" "$M" --ids "$ids" --gen 8 --teacher-force --workers $w $mem --preload-experts --dump-logits "$T/b.f32" \
       --json "$T/b.json" > "$T/b.out" 2> "$T/b.err" || { cat "$T/b.err"; fail "$what: run failed"; }

@@ -21,7 +21,7 @@ M=tests/models/m13
 P="5,17,300,42,7,99,256,1,5,17,300,42"
 run() { "$K3" $M --ids $P --gen 14 "$@" 2>"$T/err" || { cat "$T/err"; return 1; }; }
 
-for mode in "--workers 0" "--workers 2" "--workers 0 --mem-gb 0.0192" "--workers 0 --temperature 0.8 --top-p 0.9 --seed 7"; do
+for mode in "--workers 0" "--workers 2" "--workers 0 --mem-gb 0.0192 --threads 2" "--workers 0 --temperature 0.8 --top-p 0.9 --seed 7"; do
   run $mode --dump-logits "$T/base.f32" > "$T/base.ids" || bad "plain run ($mode)"
   tr ' ' '\n' < "$T/base.ids" > "$T/good.ids"
   # partial: the right ids with every third one wrong
@@ -73,7 +73,7 @@ for x in (a, s, o):
     assert x["bytes_per_token"] > x["trunk_bytes_per_token"], x
 PY
 run --workers 0 > "$T/b0.ids"
-run --workers 0 --mem-gb 0.0257 --draft-model tests/models/m13 --dump-logits "$T/dmb.f32" > "$T/dmb.ids" 2> /dev/null || bad "--draft-model at a small budget"
+run --workers 0 --mem-gb 0.0257 --threads 2 --draft-model tests/models/m13 --dump-logits "$T/dmb.f32" > "$T/dmb.ids" 2> /dev/null || bad "--draft-model at a small budget"
 cmp -s "$T/dmb.ids" "$T/b0.ids" || bad "--draft-model at a small budget: ids differ"
 mkdir -p "$T/othertok"
 for f in tests/models/m13/*; do ln -s "$PWD/$f" "$T/othertok/"; done

@@ -130,11 +130,12 @@ typedef struct {
     k3_rows_bf16_fn bf16, bf16_x2;
     k3_rows_mxfp4_fn mxfp4, mxfp4_x2;
     k3_rows_mxfp4_xd_fn mxfp4_xd; /* one token, x in double (the driver converts x once per call) */
+    k3_rows_bf16_xs_fn bf16_xs;   /* one token, x in double times K3_BF16_XS_SCALE (converted once per call) */
     int gemm; /* the multi-token kernels may be used (K3_GEMM_MIN_TOK+ tokens): 1 AVX2 + FMA, 2 AVX-512 */
 } rowblock_fns;
 
 static rowblock_fns rowblock_for(const kernels *k) {
-    rowblock_fns b = {NULL, NULL, NULL, NULL, NULL, NULL, 0};
+    rowblock_fns b = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0};
 #ifdef K3_HAVE_X86_KERNELS
     /* every CPU with the AVX2 or AVX-512 level has AVX2 + FMA (cpu_has) */
     b.gemm = k->dot_bf16 == k3_dot_bf16_avx512 ? 2 : k->dot_bf16 == k3_dot_bf16_avx2 ? 1 : 0;
@@ -142,6 +143,7 @@ static rowblock_fns rowblock_for(const kernels *k) {
     if (k->dot_bf16 == k3_dot_bf16_avx512) {
         b.bf16 = k3_rows_bf16_avx512;
         b.bf16_x2 = k3_rows_bf16_x2_avx512;
+        b.bf16_xs = k3_rows_bf16_xs_avx512;
     }
     if (k->dot_mxfp4 == k3_dot_mxfp4_avx512) {
         b.mxfp4 = k3_rows_mxfp4_avx512;
@@ -209,7 +211,7 @@ size_t matmul_gemm_ws_bytes(void) {
 /* Job bi of a dense matmul: tile bi (K3_GEMM_NR rows, AVX-512 K3_GEMM_NR_AVX512, x all tokens) when gemm, else row
  * block bi (K3_ROWBLOCK rows, token by token or two at a time). */
 static void dense_job(const kernels *k, const rowblock_fns *rb, int gemm, const dense_weight *W, const float *x,
-                      size_t ntok, float *y, size_t bi) {
+                      const double *xs, size_t ntok, float *y, size_t bi) {
     const size_t rows = W->rows, cols = W->cols;
 #ifdef K3_HAVE_X86_KERNELS
     if (gemm) {
@@ -218,7 +220,7 @@ static void dense_job(const kernels *k, const rowblock_fns *rb, int gemm, const 
         if (rb->gemm == 2) {
             double *ws = gemm_ws();
             if (!ws) { /* no workspace: the panel's row blocks, one token at a time (the same bits) */
-                for (size_t b = r0 / K3_ROWBLOCK; b * K3_ROWBLOCK < r0 + nr; b++) dense_job(k, rb, 0, W, x, ntok, y, b);
+                for (size_t b = r0 / K3_ROWBLOCK; b * K3_ROWBLOCK < r0 + nr; b++) dense_job(k, rb, 0, W, x, NULL, ntok, y, b);
                 return;
             }
             if (W->dtype == DTYPE_F32) k3_gemm_f32_avx512(W->data, rows, cols, r0, nr, x, ntok, y, ws);
@@ -246,6 +248,11 @@ static void dense_job(const kernels *k, const rowblock_fns *rb, int gemm, const 
         const uint16_t *w = (const uint16_t *)W->data + r0 * cols;
         size_t t = 0;
         float o[2 * K3_ROWBLOCK];
+        if (xs && nr == K3_ROWBLOCK) { /* ntok == 1 */
+            rb->bf16_xs(w, xs, cols, o);
+            put_rows(y, rows, r0, nr, 0, o);
+            return;
+        }
         if (rb->bf16_x2 && nr == K3_ROWBLOCK)
             for (; t + 2 <= ntok; t += 2) {
                 rb->bf16_x2(w, x + t * cols, cols, o);
@@ -275,6 +282,15 @@ void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_
     matmul_dense_many(k, W, &x, ntok, &y, 1);
 }
 
+static double *xd_get(size_t n);
+
+/* The first one-token bf16 matrix (one[j]) before i with the same x and width, or i. */
+static size_t first_same_x(const dense_weight *W, const float *const *x, const int *one, size_t i) {
+    for (size_t j = 0; j < i; j++)
+        if (one[j] && x[j] == x[i] && W[j].cols == W[i].cols) return j;
+    return i;
+}
+
 void matmul_dense_many(const kernels *k, const dense_weight *W, const float *const *x, size_t ntok, float *const *y,
                        size_t n) {
     if (n > K3_MATMUL_MANY_MAX) {
@@ -301,13 +317,34 @@ void matmul_dense_many(const kernels *k, const dense_weight *W, const float *con
         }
         m = i + 1;
     }
+    /* one-token bf16 matrices: x in double times K3_BF16_XS_SCALE, converted once here for all
+     * their row blocks (each distinct x once, in the thread's matmul_reserve_x buffer; without
+     * one the float kernels run: the same bits) */
+    const double *xs[K3_MATMUL_MANY_MAX];
+    int one[K3_MATMUL_MANY_MAX];
+    size_t nxs = 0;
+    for (size_t i = 0; i < m; i++) {
+        xs[i] = NULL;
+        one[i] = rb.bf16_xs && ntok == 1 && !gemm[i] && W[i].dtype == DTYPE_BF16 && W[i].rows >= K3_ROWBLOCK;
+        if (one[i] && first_same_x(W, x, one, i) == i) nxs += W[i].cols;
+    }
+    double *buf = nxs ? xd_get(nxs) : NULL;
+    for (size_t i = 0, used = 0; buf && i < m; i++) {
+        if (!one[i]) continue;
+        size_t j = first_same_x(W, x, one, i);
+        if (j < i) { xs[i] = xs[j]; continue; }
+        double *d = buf + used;
+        for (size_t c = 0; c < W[i].cols; c++) d[c] = (double)x[i][c] * K3_BF16_XS_SCALE;
+        xs[i] = d;
+        used += W[i].cols;
+    }
     const size_t total = first[m];
     /* one region for all n matmuls: each job finds its matrix (n is a handful) */
 #pragma omp parallel for schedule(runtime)
     for (size_t j = 0; j < total; j++) {
         size_t i = 0;
         while (j >= first[i + 1]) i++;
-        dense_job(k, &rb, gemm[i], &W[i], x[i], ntok, y[i], j - first[i]);
+        dense_job(k, &rb, gemm[i], &W[i], x[i], xs[i], ntok, y[i], j - first[i]);
     }
 }
 

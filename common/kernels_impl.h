@@ -41,6 +41,12 @@ void k3_rows_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const fl
 typedef void (*k3_rows_mxfp4_xd_fn)(const uint8_t *packed, const uint8_t *scales, const double *xd, size_t n, float *out);
 void k3_rows_mxfp4_xd_avx512(const uint8_t *packed, const uint8_t *scales, const double *xd, size_t n, float *out);
 void k3_rows_bf16_x2_avx512(const uint16_t *w, const float *x, size_t n, float *out);
+/* x given in double and scaled: xs[i] == (double)x[i] * 2^896 (K3_BF16_XS_SCALE; exact, finite
+ * for every finite float): the bits of k3_rows_bf16_avx512 for finite weights (the only ones a
+ * model loads: check_finite) */
+#define K3_BF16_XS_SCALE 0x1p896
+typedef void (*k3_rows_bf16_xs_fn)(const uint16_t *w, const double *xs, size_t n, float *out);
+void k3_rows_bf16_xs_avx512(const uint16_t *w, const double *xs, size_t n, float *out);
 void k3_rows_mxfp4_x2_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out);
 
 /* Multi-token kernels (kernels_gemm_avx2.c, AVX2 + FMA): y[t*rows + r0 + r] for

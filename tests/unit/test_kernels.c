@@ -656,6 +656,37 @@ static void test_mxfp4_scale_extremes(tstate *ts) {
     }
 }
 
+/* bf16 weights and float activations at the ends of their ranges through every level's
+ * one-token row blocks (the AVX-512 one builds |w| 2^-896 from the bits and scales x by
+ * 2^896): subnormal and largest finite weights, +-0, subnormal and largest floats, with
+ * products that overflow float but not double; each row equals the scalar reference. */
+static void test_bf16_extremes(tstate *ts) {
+    static const uint16_t wv[] = {0x0001, 0x8001, 0x007f, 0x807f, 0x0080, 0x8080, 0x7f7f, 0xff7f, 0x0000, 0x8000,
+                                  0x3f80, 0xbf80, 0x0040, 0x7f00, 0x00ff, 0x8123};
+    static const float xv[] = {0x1p-149f, -0x1p-149f, 0x1.fffffep127f, -0x1.fffffep127f, 0.0f, -0.0f, 1.0f,
+                               0x1p-126f, 3.0f, -0x1.234p-140f, 0x1.8p100f, -2.5f};
+    static const size_t cols_list[] = {1, 7, 8, 9, 15, 16, 17, 31, 33, 47, 64, 100};
+    const size_t nw = sizeof wv / sizeof wv[0], nx = sizeof xv / sizeof xv[0];
+    uint64_t seed = 9;
+    for (size_t ci = 0; ci < sizeof cols_list / sizeof cols_list[0]; ci++) {
+        const size_t cols = cols_list[ci], rows = 16;
+        uint16_t *w = malloc(rows * cols * sizeof *w);
+        float *xf;
+        float *x = make_x(&seed, cols, &xf);
+        if (!w) abort();
+        for (size_t i = 0; i < rows * cols; i++) w[i] = wv[rng_next(&seed) % nw];
+        for (size_t t = 0; t < 5; t++)
+            for (size_t c = 0; c < cols; c++)
+                if (rng_next(&seed) % 3 == 0) x[t * cols + c] = xv[rng_next(&seed) % nx];
+        /* rows of only the extremes, so no large term hides a small one */
+        for (size_t c = 0; c < cols; c++) w[c] = wv[c % nw], x[c] = xv[c % nx];
+        any_weight W = {.is_mxfp4 = 0, .d = {DTYPE_BF16, rows, cols, w}};
+        check_weight(ts, "dense bf16 extremes", &W, x);
+        free(xf);
+        free(w);
+    }
+}
+
 static void test_check_scales(void) {
     uint8_t packed[5 * 32] = {0}, scales[5 * 2];
     memset(scales, 127, sizeof scales);
@@ -786,6 +817,7 @@ int main(void) {
     test_broken_weight_is_nan(&ts);
     test_dense(&ts, DTYPE_F32);
     test_dense(&ts, DTYPE_BF16);
+    test_bf16_extremes(&ts);
     test_mxfp4_sizes(&ts);
     test_threads(&ts);
     test_batches(&ts);

@@ -39,7 +39,7 @@ int expert_batch_run_ws(const kernels *k, const expert_source *src, size_t L, si
     const size_t need = b_keys + b_dist + 2 * b_zy + b_scr;
     void *own = NULL, *buf;
     if (ws && need <= ws->cap) buf = ws->buf;
-    else if (ws && need <= EXPERT_BATCH_WS_KEEP) {
+    else if (ws) {
         expert_batch_ws_free(ws);
         if ((ws->buf = aligned_alloc(64, need))) ws->cap = need;
         buf = ws->buf;

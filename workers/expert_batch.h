@@ -36,17 +36,19 @@ int expert_batch_run(const kernels *k, const expert_source *src, size_t L, size_
                      const int32_t *pair_expert, size_t npairs, float *out, k3_error *err);
 
 /* Working buffers a caller keeps across calls: expert_batch_run_ws takes them from ws,
- * grown when a call needs more and kept while at most EXPERT_BATCH_WS_KEEP bytes (a
- * decode step needs under 1 MiB; a long prefill's larger buffers are freed after its
- * call). Without it every MoE layer of a decode step allocated and freed ~0.85 MB,
- * which the C library gives back to the kernel and faults in fresh (zeroed) again on
- * the next layer: ~4 MB of page faults and clearing per token on rw6. Zero-initialise;
- * expert_batch_ws_free releases it. expert_batch_run is expert_batch_run_ws with none. */
+ * grown when a call needs more and kept, whatever their size, until expert_batch_ws_free.
+ * Without it every MoE layer of a decode step allocated and freed ~0.85 MB, which the C
+ * library gives back to the kernel and faults in fresh (zeroed) again on the next layer
+ * (~4 MB of page faults and clearing per token on rw6); a prefill chunk's buffers are
+ * larger (64 tokens on rw6: 54 MB, above glibc's mmap threshold: each MoE layer faulted
+ * them in again, 22 % of the experts' phase on the Zen 5 VM, 2026-12-01). The memory plan
+ * counts a chunk's expert batch in the scratch (plan.c), so keeping it costs no budget.
+ * Zero-initialise; expert_batch_ws_free releases it. expert_batch_run is
+ * expert_batch_run_ws with none (its buffers freed after the call). */
 typedef struct {
     void *buf;
     size_t cap;
 } expert_batch_ws;
-#define EXPERT_BATCH_WS_KEEP ((size_t)16 << 20)
 /* The most experts one group holds (expert_source.max_held is capped to it). */
 #define EXPERT_BATCH_GROUP_MAX 32
 int expert_batch_run_ws(const kernels *k, const expert_source *src, size_t L, size_t I, double situ_beta,

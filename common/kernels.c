@@ -130,12 +130,13 @@ typedef struct {
     k3_rows_bf16_fn bf16, bf16_x2;
     k3_rows_mxfp4_fn mxfp4, mxfp4_x2;
     k3_rows_mxfp4_xd_fn mxfp4_xd; /* one token, x in double (the driver converts x once per call) */
-    k3_rows_bf16_xs_fn bf16_xs;   /* one token, x in double times K3_BF16_XS_SCALE (converted once per call) */
+    k3_rows_bf16_xs_fn bf16_xs, bf16_xs16; /* one token, x in double times K3_BF16_XS_SCALE (converted once
+                                            * per call); 8 and 16 rows */
     int gemm; /* the multi-token kernels may be used (K3_GEMM_MIN_TOK+ tokens): 1 AVX2 + FMA, 2 AVX-512 */
 } rowblock_fns;
 
 static rowblock_fns rowblock_for(const kernels *k) {
-    rowblock_fns b = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0};
+    rowblock_fns b = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0};
 #ifdef K3_HAVE_X86_KERNELS
     /* every CPU with the AVX2 or AVX-512 level has AVX2 + FMA (cpu_has) */
     b.gemm = k->dot_bf16 == k3_dot_bf16_avx512 ? 2 : k->dot_bf16 == k3_dot_bf16_avx2 ? 1 : 0;
@@ -144,6 +145,7 @@ static rowblock_fns rowblock_for(const kernels *k) {
         b.bf16 = k3_rows_bf16_avx512;
         b.bf16_x2 = k3_rows_bf16_x2_avx512;
         b.bf16_xs = k3_rows_bf16_xs_avx512;
+        b.bf16_xs16 = k3_rows_bf16_xs16_avx512;
     }
     if (k->dot_mxfp4 == k3_dot_mxfp4_avx512) {
         b.mxfp4 = k3_rows_mxfp4_avx512;
@@ -234,6 +236,17 @@ static void dense_job(const kernels *k, const rowblock_fns *rb, int gemm, const 
 #else
     (void)gemm;
 #endif
+    if (xs) { /* one bf16 token, x scaled in double: jobs of two row blocks (K3_XS_ROWS) */
+        const size_t r0 = bi * K3_XS_ROWS, nr = rows - r0 < K3_XS_ROWS ? rows - r0 : K3_XS_ROWS;
+        const uint16_t *w = (const uint16_t *)W->data + r0 * cols;
+        float o[K3_XS_ROWS];
+        size_t j = 0;
+        if (nr == K3_XS_ROWS) j = nr, rb->bf16_xs16(w, xs, cols, o);
+        else if (nr >= K3_ROWBLOCK) j = K3_ROWBLOCK, rb->bf16_xs(w, xs, cols, o);
+        for (; j < nr; j++) o[j] = k->dot_bf16(w + j * cols, x, cols);
+        put_rows(y, rows, r0, nr, 0, o);
+        return;
+    }
     const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;
     if (W->dtype == DTYPE_F32) {
         const float *w = (const float *)W->data + r0 * cols;
@@ -248,11 +261,6 @@ static void dense_job(const kernels *k, const rowblock_fns *rb, int gemm, const 
         const uint16_t *w = (const uint16_t *)W->data + r0 * cols;
         size_t t = 0;
         float o[2 * K3_ROWBLOCK];
-        if (xs && nr == K3_ROWBLOCK) { /* ntok == 1 */
-            rb->bf16_xs(w, xs, cols, o);
-            put_rows(y, rows, r0, nr, 0, o);
-            return;
-        }
         if (rb->bf16_x2 && nr == K3_ROWBLOCK)
             for (; t + 2 <= ntok; t += 2) {
                 rb->bf16_x2(w, x + t * cols, cols, o);
@@ -338,6 +346,10 @@ void matmul_dense_many(const kernels *k, const dense_weight *W, const float *con
         xs[i] = d;
         used += W[i].cols;
     }
+    for (size_t i = 0; i < m; i++) /* the one-token bf16 matrices go in jobs of K3_XS_ROWS rows */
+        first[i + 1] = first[i] + (xs[i]                                ? (W[i].rows + K3_XS_ROWS - 1) / K3_XS_ROWS
+                                   : W[i].dtype == DTYPE_F32 || W[i].dtype == DTYPE_BF16 ? dense_jobs(&rb, &W[i], gemm[i])
+                                                                                          : 0);
     const size_t total = first[m];
     /* one region for all n matmuls: each job finds its matrix (n is a handful) */
 #pragma omp parallel for schedule(runtime)

@@ -47,6 +47,9 @@ void k3_rows_bf16_x2_avx512(const uint16_t *w, const float *x, size_t n, float *
 #define K3_BF16_XS_SCALE 0x1p896
 typedef void (*k3_rows_bf16_xs_fn)(const uint16_t *w, const double *xs, size_t n, float *out);
 void k3_rows_bf16_xs_avx512(const uint16_t *w, const double *xs, size_t n, float *out);
+/* the same for K3_XS_ROWS (16) consecutive rows: out[0..15] */
+#define K3_XS_ROWS 16
+void k3_rows_bf16_xs16_avx512(const uint16_t *w, const double *xs, size_t n, float *out);
 void k3_rows_mxfp4_x2_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out);
 
 /* Multi-token kernels (kernels_gemm_avx2.c, AVX2 + FMA): y[t*rows + r0 + r] for

@@ -505,6 +505,31 @@ static void test_identical(model *m) {
         CHECK(rc == 0 && same, "experts held %zu at a time: outputs differ from one at a time (rc %d: %s)", groups[gi], rc,
               err.msg);
     }
+    /* one expert_batch_ws kept across requests of changing size (a decode step's few pairs, a
+     * prefill chunk's many: the buffer grows, is kept whatever its size and reused by smaller
+     * requests) == a fresh buffer per request, bit for bit */
+    {
+        expert_batch_ws ws = {0};
+        float *fresh = malloc(NTOK * K * L * sizeof *fresh);
+        int same = 1, rc = 0, kept = 1;
+        void *last = NULL;
+        for (int q = 0; q < NREQ && !rc && fresh; q++) {
+            size_t np = (size_t)K * (size_t)(q % 3 == 0 ? NTOK : 1 + q % 2); /* 24, 8, 4, 24, ... pairs */
+            for (int i = 0; i < NTOK * K; i++) { ptok[i] = i / K; pexp[i] = all_exp[q][i]; }
+            rc = expert_batch_run_ws(k, &msrc, L, I, m->cfg.situ_beta, m->cfg.situ_linear_beta, players[q], z, NTOK, ptok,
+                                     pexp, np, out, &ws, &err);
+            rc = rc ? rc : expert_batch_run(k, &msrc, L, I, m->cfg.situ_beta, m->cfg.situ_linear_beta, players[q], z, NTOK,
+                                            ptok, pexp, np, fresh, &err);
+            same &= !memcmp(out, fresh, np * L * sizeof *out);
+            if (q >= 1) kept &= ws.buf == last; /* the largest request came first: never reallocated */
+            last = ws.buf;
+        }
+        CHECK(fresh && rc == 0 && same, "a kept expert_batch_ws: outputs differ from a fresh buffer's (rc %d: %s)", rc,
+              err.msg);
+        CHECK(kept, "expert_batch_ws: the buffer was reallocated for a smaller request");
+        expert_batch_ws_free(&ws);
+        free(fresh);
+    }
     static const size_t sizes[] = {1, 2, 3, 5, 9, 400};
     /* readers: 0 = reads as before; 1, 4 = the pool (several reads in flight, pipelined misses);
      * hints (with readers): after each request, the next request's experts, half of them wrong */

@@ -10,7 +10,7 @@ typedef struct {
     k3_model *m;
     const kernels *k;
     expert_cache *cache;
-    expert_batch_ws ws; /* decode's buffers, kept between MoE layers (no allocation per layer) */
+    expert_batch_ws ws; /* the batch's buffers, kept between MoE layers and chunks (no allocation per layer) */
     int hint_layer;           /* a prediction handed to hint(), started after the next run (-1: none) */
     int32_t *hint;            /* [n_experts] */
     size_t nhint;

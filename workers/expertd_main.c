@@ -79,6 +79,7 @@ typedef struct {
     expert_cache *cache;
     const kernels *k;
     ring rg;
+    expert_batch_ws ws; /* the batch's buffers, kept between requests (the plan counts them per worker) */
 } server;
 
 static int owns(int layer, int expert, void *ctx) {
@@ -197,8 +198,9 @@ static int serve(server *sv, uint64_t seq, int32_t *ptok, int32_t *pexp, int32_t
         if (!err.set) {
             beating_source bs = {expert_cache_source(sv->cache), ctl};
             expert_source src = {beat_acquire, beat_release, beat_prefetch, &bs, 0, NULL};
-            expert_batch_run(sv->k, &src, L, sv->store.I, sv->cfg.situ_beta, sv->cfg.situ_linear_beta, q.layer,
-                             (const float *)ring_slot_payload(rg, rs), q.ntok, q.pair_token, q.pair_expert, q.npairs, y, &err);
+            expert_batch_run_ws(sv->k, &src, L, sv->store.I, sv->cfg.situ_beta, sv->cfg.situ_linear_beta, q.layer,
+                                (const float *)ring_slot_payload(rg, rs), q.ntok, q.pair_token, q.pair_expert, q.npairs, y,
+                                &sv->ws, &err);
         }
     }
     uint64_t payload = err.set ? 0 : (uint64_t)q.npairs * L * sizeof(float);
@@ -298,6 +300,7 @@ int main(int argc, char **argv) {
     free(pexp);
     free(phint);
     expert_cache_free(sv.cache);
+    expert_batch_ws_free(&sv.ws);
     expert_store_free(&sv.store);
     checkpoint_close(&sv.ck);
     config_free(&sv.cfg);

@@ -2,6 +2,7 @@
 #include "common/weight_mem.h"
 
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
@@ -22,7 +23,8 @@ void *weight_mem_alloc(size_t n) {
     memcpy((void *)(p - sizeof h), &h, sizeof h);
 #ifdef MADV_HUGEPAGE
     size_t whole = n / A * A; /* only pages entirely inside the buffer */
-    if (whole) (void)madvise((void *)p, whole, MADV_HUGEPAGE);
+    const char *hp = getenv("K3_WEIGHT_HUGEPAGES"); /* "0": 4 KiB pages (see weight_mem.h) */
+    if (whole && !(hp && strcmp(hp, "0") == 0)) (void)madvise((void *)p, whole, MADV_HUGEPAGE);
 #endif
     return (void *)p;
 }

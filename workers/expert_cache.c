@@ -50,6 +50,7 @@ typedef struct {
     int32_t ix_prev, ix_next; /* phit's victim index: the slot's neighbours in its layer's list, -1 none */
     int32_t h_prev, h_next;   /* the list of hinted slots (hint set): neighbours, -1 none */
     int16_t ix_cell;      /* phit's victim index: its cell (age bucket x PHIT_RATES + rate class), -1 not indexed */
+    int32_t hp_pos;       /* lru/lfu's victim heap: its position, -1 not in it */
     uint64_t last_use;
     uint8_t *buf;
     const uint8_t *data;  /* start of the expert's bytes inside buf */
@@ -95,6 +96,10 @@ struct expert_cache {
     size_t ix_cell_n[PHIT_AGES * PHIT_RATES];
     int32_t *ix_head;     /* [n_layers]: first indexed slot of the layer, -1 none */
     size_t ix_words;
+    /* lru/lfu's victim heap (kept only while one of them is the policy; rebuilt when it is set and
+     * after lfu's aging): the same slots as phit's index, a binary min-heap by evict_key_of */
+    int32_t *hp;          /* [n_slots]: slot indices */
+    size_t hp_n;
     int verify;           /* expert_cache_set_verify: every indexed choice checked against a scan */
     uint64_t verify_checks, verify_failures;
     /* several reads in flight (expert_cache_set_readers) */
@@ -104,6 +109,11 @@ struct expert_cache {
     size_t req_acq;         /* req[..req_acq) acquired (expert_batch_run acquires in the list's order) */
     int req_layer;
 };
+
+/* lru/lfu's victim heap (below) */
+static void hp_sync(expert_cache *c, cache_slot *s);
+static void hp_remove(expert_cache *c, cache_slot *s);
+static void hp_rebuild(expert_cache *c);
 
 uint64_t expert_cache_slot_bytes(const expert_store *st) {
     return ls_buffer_bytes(st->expert_bytes); /* the size the memory plan gives a slot */
@@ -140,12 +150,13 @@ expert_cache *expert_cache_create(const expert_store *st, checkpoint *ck, uint64
     c->ix_bits = calloc((size_t)PHIT_CELLS * (size_t)st->n_layers * c->ix_words + 1, sizeof *c->ix_bits);
     c->ix_count = calloc((size_t)PHIT_CELLS * (size_t)st->n_layers + 1, sizeof *c->ix_count);
     c->ix_head = malloc(((size_t)st->n_layers + 1) * sizeof *c->ix_head);
+    c->hp = malloc((c->n_slots + 1) * sizeof *c->hp);
     c->n_empty = c->n_slots;
     c->arena_bytes = c->n_slots * sb;
     if (node >= 0 && numa_available() >= 0) c->arena = numa_alloc_onnode(c->arena_bytes, node);
     else c->arena = weight_mem_alloc(c->arena_bytes); /* 2 MiB aligned, huge pages */
     if (!c->slots || !c->rds || !c->direct_fd || !c->arena || !c->keys || !c->in_request || !c->slot_of || !c->ix_bits ||
-        !c->ix_count || !c->ix_head || c->n_slots >= INT32_MAX) {
+        !c->ix_count || !c->ix_head || !c->hp || c->n_slots >= INT32_MAX) {
         k3_fail(err, "cannot allocate an expert cache of %zu slots (%llu bytes)", c->n_slots, (unsigned long long)c->arena_bytes);
         expert_cache_free(c);
         return NULL;
@@ -155,6 +166,7 @@ expert_cache *expert_cache_create(const expert_store *st, checkpoint *ck, uint64
         c->slots[i].buf = c->arena + i * sb;
         c->slots[i].rd = &c->rds[i];
         c->slots[i].ix_cell = -1;
+        c->slots[i].hp_pos = -1;
         c->slots[i].ix_prev = c->slots[i].ix_next = -1;
         c->slots[i].h_prev = c->slots[i].h_next = -1;
     }
@@ -183,6 +195,7 @@ void expert_cache_free(expert_cache *c) {
     free(c->ix_bits);
     free(c->ix_count);
     free(c->ix_head);
+    free(c->hp);
     free(c);
 }
 
@@ -265,7 +278,9 @@ int cache_policy_parse(const char *name, cache_policy *out) {
 const char *cache_policy_name(cache_policy p) { return (unsigned)p < CACHE_POLICY_COUNT ? policy_names[p] : "?"; }
 
 void expert_cache_set_policy(expert_cache *c, cache_policy p) {
-    if ((unsigned)p < CACHE_POLICY_COUNT) c->policy = p;
+    if ((unsigned)p >= CACHE_POLICY_COUNT) return;
+    c->policy = p;
+    hp_rebuild(c);
 }
 
 void expert_cache_set_verify(expert_cache *c, int on) { c->verify = on != 0; }
@@ -341,8 +356,9 @@ static int ix_cell_wanted(expert_cache *c, const cache_slot *s) {
 }
 
 /* Slot s changed (state, pins, hint, key): in the index iff ix_cell_wanted says so, in that
- * cell. Cheap when nothing changed; called after every such change. */
+ * cell (and in lru/lfu's heap likewise). Cheap when nothing changed; called after every such change. */
 static void ix_sync(expert_cache *c, cache_slot *s) {
+    hp_sync(c, s);
     int cell = ix_cell_wanted(c, s);
     if (cell == s->ix_cell) return;
     if (cell < 0) { ix_remove(c, s); return; }
@@ -452,6 +468,7 @@ static void policy_use(expert_cache *c, cache_slot *s) {
         c->lfu_since = 0;
         size_t nk = (size_t)c->n_layers * (size_t)c->n_experts;
         for (size_t i = 0; i < nk; i++) c->keys[i].count >>= 1;
+        if (c->policy == CACHE_POLICY_LFU) hp_rebuild(c); /* halving makes ties: the order can change */
     }
 }
 
@@ -480,6 +497,89 @@ static evict_key evict_key_of(expert_cache *c, const cache_slot *s) {
     default: /* least recently used */
         return (evict_key){0.0, (int64_t)s->last_use, id};
     }
+}
+
+/* ---- lru/lfu's victim heap ---- */
+
+/* the heap holds slot s: lru or lfu is the policy and s is of the middle class (phit's index's rule) */
+static int hp_wanted(const expert_cache *c, const cache_slot *s) {
+    return c->policy != CACHE_POLICY_PHIT && s->state == SLOT_READY && s->pins == 0 && !s->hint && !s->evict_first;
+}
+
+static int hp_before(expert_cache *c, int32_t a, int32_t b) {
+    return evict_before(evict_key_of(c, &c->slots[a]), evict_key_of(c, &c->slots[b]));
+}
+
+static void hp_put(expert_cache *c, size_t at, int32_t i) {
+    c->hp[at] = i;
+    c->slots[i].hp_pos = (int32_t)at;
+}
+
+static void hp_up(expert_cache *c, size_t at) {
+    int32_t i = c->hp[at];
+    while (at > 0 && hp_before(c, i, c->hp[(at - 1) / 2])) {
+        hp_put(c, at, c->hp[(at - 1) / 2]);
+        at = (at - 1) / 2;
+    }
+    hp_put(c, at, i);
+}
+
+static void hp_down(expert_cache *c, size_t at) {
+    int32_t i = c->hp[at];
+    for (;;) {
+        size_t k = 2 * at + 1;
+        if (k >= c->hp_n) break;
+        if (k + 1 < c->hp_n && hp_before(c, c->hp[k + 1], c->hp[k])) k++;
+        if (!hp_before(c, c->hp[k], i)) break;
+        hp_put(c, at, c->hp[k]);
+        at = k;
+    }
+    hp_put(c, at, i);
+}
+
+static void hp_remove(expert_cache *c, cache_slot *s) {
+    if (s->hp_pos < 0) return;
+    size_t at = (size_t)s->hp_pos;
+    s->hp_pos = -1;
+    int32_t last = c->hp[--c->hp_n];
+    if (at == c->hp_n) return;
+    hp_put(c, at, last);
+    hp_up(c, at);
+    hp_down(c, (size_t)c->slots[last].hp_pos);
+}
+
+/* Slot s changed: in the heap iff hp_wanted (its key changes only while it is pinned, i.e. out
+ * of the heap, or by lfu's aging, which rebuilds the heap) */
+static void hp_sync(expert_cache *c, cache_slot *s) {
+    int want = hp_wanted(c, s);
+    if (want == (s->hp_pos >= 0)) return;
+    if (!want) { hp_remove(c, s); return; }
+    hp_put(c, c->hp_n++, (int32_t)(s - c->slots));
+    hp_up(c, c->hp_n - 1);
+}
+
+/* The heap anew from the slots (the policy was set, or lfu's counts were halved): O(slots) */
+static void hp_rebuild(expert_cache *c) {
+    c->hp_n = 0;
+    for (size_t i = 0; i < c->n_slots; i++) {
+        c->slots[i].hp_pos = -1;
+        if (hp_wanted(c, &c->slots[i])) hp_put(c, c->hp_n++, (int32_t)i);
+    }
+    for (size_t at = c->hp_n / 2; at-- > 0;) hp_down(c, at);
+}
+
+/* verify mode: the heap holds exactly the slots it should, each where its position says, in heap order */
+static int hp_consistent(expert_cache *c) {
+    size_t n_in = 0;
+    for (size_t i = 0; i < c->n_slots; i++) {
+        const cache_slot *s = &c->slots[i];
+        if (hp_wanted(c, s) != (s->hp_pos >= 0)) return 0;
+        if (s->hp_pos >= 0 && ((size_t)s->hp_pos >= c->hp_n || c->hp[s->hp_pos] != (int32_t)i)) return 0;
+        n_in += s->hp_pos >= 0;
+    }
+    for (size_t at = 1; at < c->hp_n; at++)
+        if (hp_before(c, c->hp[at], c->hp[(at - 1) / 2])) return 0;
+    return n_in == c->hp_n;
 }
 
 /* The slot holding (layer, expert) in any state but EMPTY, or NULL: slot_of's entry, checked
@@ -617,15 +717,14 @@ static cache_slot *victim_for(expert_cache *c, int for_hint) {
     if (c->n_empty) /* the first EMPTY slot in index order, found from the cursor */
         for (size_t i = c->empty_lo; i < c->n_slots; i++)
             if (c->slots[i].state == SLOT_EMPTY) { c->empty_lo = i; return &c->slots[i]; }
-    if (c->policy != CACHE_POLICY_PHIT) return victim_scan(c, for_hint);
-    /* phit: the middle class is in the index; the hint classes (first: hints their request did not
-     * ask for; last, not for a hint: pending hints of other layers) are in the hint list */
+    /* the middle class is in phit's index or lru/lfu's heap; the hint classes (first: hints their
+     * request did not ask for; last, not for a hint: pending hints of other layers) are in the hint list */
     cache_slot *s = hint_victim(c, 1);
-    if (!s) s = ix_victim(c);
+    if (!s) s = c->policy == CACHE_POLICY_PHIT ? ix_victim(c) : c->hp_n ? &c->slots[c->hp[0]] : NULL;
     if (!s && !for_hint) s = hint_victim(c, 0);
     if (c->verify) {
         c->verify_checks++;
-        if (s != victim_scan(c, for_hint) || !ix_consistent(c)) c->verify_failures++;
+        if (s != victim_scan(c, for_hint) || !ix_consistent(c) || !hp_consistent(c)) c->verify_failures++;
     }
     return s;
 }
@@ -638,8 +737,9 @@ static void take(expert_cache *c, cache_slot *s, int layer, int expert, int pins
     hint_off(c, s);
     if (s->state == SLOT_EMPTY) c->n_empty--;
     ix_remove(c, s);
+    hp_remove(c, s);
     *s = (cache_slot){.state = SLOT_READING, .pins = pins, .layer = layer, .expert = expert, .buf = s->buf, .rd = s->rd,
-                      .ix_prev = -1, .ix_next = -1, .h_prev = -1, .h_next = -1, .ix_cell = -1};
+                      .ix_prev = -1, .ix_next = -1, .h_prev = -1, .h_next = -1, .ix_cell = -1, .hp_pos = -1};
     c->slot_of[(size_t)layer * (size_t)c->n_experts + (size_t)expert] = (uint32_t)(s - c->slots) + 1;
 }
 

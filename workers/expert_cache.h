@@ -21,7 +21,9 @@
  * found from a cursor. Choosing phit's victim (a miss, when no slot is EMPTY) takes
  * O(180 + layers + hints out) from an index of the evictable unhinted slots by (age
  * bucket, rate class, layer), kept as slots change (each slot re-bucketed about once
- * per pass), and a list of the hinted slots; lru and lfu scan the slots.
+ * per pass), and a list of the hinted slots; lru's and lfu's in O(log slots) from a binary
+ * heap of the same slots by the policy's key (rebuilt, O(slots), when the policy is set and
+ * when lfu halves its counts: every 16 x n_slots uses).
  *
  * Policies (which READY unpinned slot is evicted; they change only speed, never
  * a result). Layers come round once per forward pass (a "cycle"), so experts are
@@ -113,8 +115,8 @@ const char *cache_policy_name(cache_policy p);
 void expert_cache_set_policy(expert_cache *c, cache_policy p);
 cache_policy expert_cache_get_policy(const expert_cache *c);
 
-/* Tests: with verify on, every victim phit takes from its index is also chosen by a scan of
- * all slots (the definition) and the index is checked slot by slot; each disagreement counts
+/* Tests: with verify on, every victim taken from phit's index or lru/lfu's heap is also chosen
+ * by a scan of all slots (the definition) and the index and heap are checked slot by slot; each disagreement counts
  * (expert_cache_verify_failures: 0 is the only right answer; *checks, if not NULL, gets the
  * number of indexed choices checked). O(slots) per victim: tests only. */
 void expert_cache_set_verify(expert_cache *c, int on);

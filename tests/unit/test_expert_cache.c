@@ -23,7 +23,7 @@
  *   bin/test_expert_cache --replay TRACE --model DIR --workers W --slots N --policy P
  * replays a `bin/k3 --dump-expert-trace` file through W real caches (ownership as
  * k3-expertd) exactly as the simulator models it and prints "hits H misses M"; every
- * phit victim taken from the index is checked against a scan unless --verify 0 (to time it). */
+ * victim taken from phit's index or lru/lfu's heap is checked against a scan unless --verify 0 (to time it). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -87,12 +87,12 @@ static expert_cache *cache_of(model *m, size_t slots, cache_policy p, k3_error *
     expert_cache *c = expert_cache_create(&m->st, &m->ck, slots * expert_cache_slot_bytes(&m->st), -1, err);
     if (c) {
         expert_cache_set_policy(c, p);
-        expert_cache_set_verify(c, replay_verify); /* phit's indexed victims checked against a scan of all slots */
+        expert_cache_set_verify(c, replay_verify); /* indexed victims (phit's index, lru/lfu's heap) checked against a scan of all slots */
     }
     return c;
 }
 
-/* phit victims taken from the index and checked against the scan, over all caches of the run */
+/* victims taken from the index (phit) or the heap (lru, lfu) and checked against the scan, over all caches of the run */
 static uint64_t indexed_victims_checked;
 
 /* Frees a cache of cache_of after checking that its index never disagreed with the scan. */
@@ -215,7 +215,7 @@ static int replay(const char *dir, const request *rq, int n, int n_workers, size
             uint64_t checks = 0, bad = expert_cache_verify_failures(c, &checks);
             indexed_victims_checked += checks;
             if (!rc && bad)
-                rc = k3_fail(err, "worker %d: %llu of %llu victims of phit's index differ from a scan of the slots", w,
+                rc = k3_fail(err, "worker %d: %llu of %llu indexed victims (phit's index, lru/lfu's heap) differ from a scan of the slots", w,
                              (unsigned long long)bad, (unsigned long long)checks);
         }
         expert_cache_free(c);
@@ -681,8 +681,8 @@ int main(int argc, char **argv) {
     model_close(&m);
     test_failed_read();
     /* the index must have been asked (phit with a full cache), else the checks above checked nothing */
-    CHECK(indexed_victims_checked > 100, "only %llu phit victims came from the index", (unsigned long long)indexed_victims_checked);
-    printf("phit victims from the index, each checked against a scan: %llu\n", (unsigned long long)indexed_victims_checked);
+    CHECK(indexed_victims_checked > 100, "only %llu victims came from the index or heap", (unsigned long long)indexed_victims_checked);
+    printf("victims from phit's index and lru/lfu's heap, each checked against a scan: %llu\n", (unsigned long long)indexed_victims_checked);
     printf("%s: %d checks, %d failures\n", check_failures ? "FAIL" : "ok", check_count, check_failures);
     return check_failures ? 1 : 0;
 }

@@ -292,11 +292,34 @@ void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_
 
 static double *xd_get(size_t n);
 
-/* The first one-token bf16 matrix (one[j]) before i with the same x and width, or i. */
-static size_t first_same_x(const dense_weight *W, const float *const *x, const int *one, size_t i) {
+/* The first matrix j < i taking its x in double (one[j]) with the same x and width as i, or i. */
+static size_t first_same_x(const float *const *x, const size_t *cols, const int *one, size_t i) {
     for (size_t j = 0; j < i; j++)
-        if (one[j] && x[j] == x[i] && W[j].cols == W[i].cols) return j;
+        if (one[j] && x[j] == x[i] && cols[j] == cols[i]) return j;
     return i;
+}
+
+/* xd[i] = x[i] (cols[i] values) in double times scale (a power of two: exact) for each i < n
+ * with one[i], each distinct (x, width) converted once, in the calling thread's buffer
+ * (matmul_reserve_x); NULL elsewhere, and everywhere when there is no buffer (then the float
+ * kernels run: the same bits). */
+static void x_in_double(size_t n, const float *const *x, const size_t *cols, const int *one, double scale,
+                        const double **xd) {
+    size_t need = 0;
+    for (size_t i = 0; i < n; i++) {
+        xd[i] = NULL;
+        if (one[i] && first_same_x(x, cols, one, i) == i) need += cols[i];
+    }
+    double *buf = need ? xd_get(need) : NULL;
+    for (size_t i = 0, used = 0; buf && i < n; i++) {
+        if (!one[i]) continue;
+        size_t j = first_same_x(x, cols, one, i);
+        if (j < i) { xd[i] = xd[j]; continue; }
+        double *d = buf + used;
+        for (size_t c = 0; c < cols[i]; c++) d[c] = (double)x[i][c] * scale;
+        xd[i] = d;
+        used += cols[i];
+    }
 }
 
 void matmul_dense_many(const kernels *k, const dense_weight *W, const float *const *x, size_t ntok, float *const *y,
@@ -329,23 +352,13 @@ void matmul_dense_many(const kernels *k, const dense_weight *W, const float *con
      * their row blocks (each distinct x once, in the thread's matmul_reserve_x buffer; without
      * one the float kernels run: the same bits) */
     const double *xs[K3_MATMUL_MANY_MAX];
-    int one[K3_MATMUL_MANY_MAX];
-    size_t nxs = 0;
+    int one[K3_MATMUL_MANY_MAX] = {0};
+    size_t cols[K3_MATMUL_MANY_MAX] = {0};
     for (size_t i = 0; i < m; i++) {
-        xs[i] = NULL;
         one[i] = rb.bf16_xs && ntok == 1 && !gemm[i] && W[i].dtype == DTYPE_BF16 && W[i].rows >= K3_ROWBLOCK;
-        if (one[i] && first_same_x(W, x, one, i) == i) nxs += W[i].cols;
+        cols[i] = W[i].cols;
     }
-    double *buf = nxs ? xd_get(nxs) : NULL;
-    for (size_t i = 0, used = 0; buf && i < m; i++) {
-        if (!one[i]) continue;
-        size_t j = first_same_x(W, x, one, i);
-        if (j < i) { xs[i] = xs[j]; continue; }
-        double *d = buf + used;
-        for (size_t c = 0; c < W[i].cols; c++) d[c] = (double)x[i][c] * K3_BF16_XS_SCALE;
-        xs[i] = d;
-        used += W[i].cols;
-    }
+    x_in_double(m, x, cols, one, K3_BF16_XS_SCALE, xs);
     for (size_t i = 0; i < m; i++) /* the one-token bf16 matrices go in jobs of K3_XS_ROWS rows */
         first[i + 1] = first[i] + (xs[i]                                ? (W[i].rows + K3_XS_ROWS - 1) / K3_XS_ROWS
                                    : W[i].dtype == DTYPE_F32 || W[i].dtype == DTYPE_BF16 ? dense_jobs(&rb, &W[i], gemm[i])
@@ -483,12 +496,6 @@ static inline void mxfp4_list_job(const kernels *k, const rowblock_fns *rb, cons
 }
 
 /* The first one-token matrix (one[j]) before i with the same x and width, or i. */
-static size_t shared_x(const mxfp4_weight *W, const float *const *x, const int *one, size_t i) {
-    for (size_t j = 0; j < i; j++)
-        if (one[j] && x[j] == x[i] && W[j].cols == W[i].cols) return j;
-    return i;
-}
-
 void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *const *x, const size_t *ntok,
                        float *const *y, size_t n) {
     if (n > K3_MATMUL_LIST_MAX) {
@@ -501,8 +508,7 @@ void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *con
     size_t first[K3_MATMUL_LIST_MAX + 1];
     int gemm[K3_MATMUL_LIST_MAX];
     const double *xd[K3_MATMUL_LIST_MAX];
-    size_t nxd = 0; /* doubles needed for the one-token inputs (each distinct x once) */
-    int one[K3_MATMUL_LIST_MAX]; /* matrix i takes its x in double */
+    int one[K3_MATMUL_LIST_MAX] = {0}; /* matrix i takes its x in double */
     first[0] = 0;
     for (size_t i = 0; i < n; i++) {
 #ifdef K3_HAVE_X86_KERNELS
@@ -510,7 +516,6 @@ void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *con
 #else
         gemm[i] = 0;
 #endif
-        xd[i] = NULL;
         one[i] = 0;
         if (W[i].cols % 32 != 0) { /* refused at load time (config_parse: expert widths % 32) */
             char what[80];
@@ -522,20 +527,12 @@ void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *con
         const size_t per = !gemm[i] ? K3_ROWBLOCK : rb.gemm == 2 ? K3_GEMM_NR_AVX512 : K3_GEMM_NR;
         first[i + 1] = first[i] + (W[i].rows + per - 1) / per;
         one[i] = rb.mxfp4_xd && ntok[i] == 1 && W[i].rows >= K3_ROWBLOCK;
-        if (one[i] && shared_x(W, x, one, i) == i) nxd += W[i].cols;
     }
     /* x of the one-token matrices in double, converted once here instead of once per row block
-     * (nxd counted each distinct x once: what matmul_reserve_x reserves for a decode step) */
-    double *buf = nxd ? xd_get(nxd) : NULL;
-    for (size_t i = 0, used = 0; buf && i < n; i++) {
-        if (!one[i]) continue;
-        size_t j = shared_x(W, x, one, i);
-        if (j < i) { xd[i] = xd[j]; continue; }
-        double *d = buf + used;
-        for (size_t c = 0; c < W[i].cols; c++) d[c] = (double)x[i][c];
-        xd[i] = d;
-        used += W[i].cols;
-    }
+     * (each distinct x once: what matmul_reserve_x reserves for a decode step) */
+    size_t cols[K3_MATMUL_LIST_MAX] = {0};
+    for (size_t i = 0; i < n; i++) cols[i] = W[i].cols;
+    x_in_double(n, x, cols, one, 1.0, xd);
     const size_t total = first[n];
     /* one region for all n matmuls: each job finds its matrix. A dynamic schedule runs as guided
      * (the same smallest chunk): a thread's first chunks are long runs of consecutive row blocks,

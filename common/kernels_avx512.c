@@ -281,31 +281,26 @@ void k3_rows_bf16_xs16_avx512(const uint16_t *w, const double *xs, size_t n, flo
     __m512d a[R];
 #pragma GCC unroll 16
     for (int r = 0; r < R; r++) a[r] = _mm512_setzero_pd();
+/* columns j .. j+15 of the 16 rows (a macro, not a function: the accumulators stay in registers) */
+#define K3_XS16_COLS16(j)                                                                                   \
+    do {                                                                                                    \
+        const __m512d x0 = _mm512_loadu_pd(xs + (j)), x1 = _mm512_loadu_pd(xs + (j) + 8);                   \
+        _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {                                              \
+            const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w + r * n + (j)))); \
+            a[r] = fma8(a[r], bf16_xs8(v, p0), x0);                                                         \
+            a[r] = fma8(a[r], bf16_xs8(v, p1), x1);                                                         \
+        }                                                                                                   \
+    } while (0)
     size_t i = 0;
     for (; i + 32 <= n; i += 32) { /* 64 bytes of each row per step */
         const uintptr_t pf = (uintptr_t)(w + i) + K3_PF_AHEAD16;
 #pragma GCC unroll 16
         for (int r = 0; r < R; r++) _mm_prefetch((const char *)(pf + (size_t)r * n * sizeof *w), _MM_HINT_T0);
 #pragma GCC unroll 2
-        for (size_t j = i; j < i + 32; j += 16) {
-            const __m512d x0 = _mm512_loadu_pd(xs + j), x1 = _mm512_loadu_pd(xs + j + 8);
-#pragma GCC unroll 16
-            for (int r = 0; r < R; r++) {
-                const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w + r * n + j)));
-                a[r] = fma8(a[r], bf16_xs8(v, p0), x0);
-                a[r] = fma8(a[r], bf16_xs8(v, p1), x1);
-            }
-        }
+        for (size_t j = i; j < i + 32; j += 16) K3_XS16_COLS16(j);
     }
-    for (; i + 16 <= n; i += 16) {
-        const __m512d x0 = _mm512_loadu_pd(xs + i), x1 = _mm512_loadu_pd(xs + i + 8);
-#pragma GCC unroll 16
-        for (int r = 0; r < R; r++) {
-            const __m512i v = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(w + r * n + i)));
-            a[r] = fma8(a[r], bf16_xs8(v, p0), x0);
-            a[r] = fma8(a[r], bf16_xs8(v, p1), x1);
-        }
-    }
+    for (; i + 16 <= n; i += 16) K3_XS16_COLS16(i);
+#undef K3_XS16_COLS16
     if (i < n) { /* 1..15 columns: one group of 8 lanes, or two; missing weights and x are +0 */
         const size_t left = n - i;
         const __mmask16 mw = (__mmask16)((1u << left) - 1);

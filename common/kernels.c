@@ -332,38 +332,31 @@ void matmul_dense_many(const kernels *k, const dense_weight *W, const float *con
     }
     const rowblock_fns rb = rowblock_for(k);
     size_t first[K3_MATMUL_MANY_MAX + 1];
-    int gemm[K3_MATMUL_MANY_MAX];
-    size_t m = 0;
-    first[0] = 0;
+    int gemm[K3_MATMUL_MANY_MAX] = {0};
+    int ok[K3_MATMUL_MANY_MAX] = {0};  /* a dtype the kernels know (else its output is poisoned) */
+    int one[K3_MATMUL_MANY_MAX] = {0}; /* a one-token bf16 matrix: x in double, scaled */
+    size_t cols[K3_MATMUL_MANY_MAX] = {0};
     for (size_t i = 0; i < n; i++) {
-        if (W[i].dtype != DTYPE_F32 && W[i].dtype != DTYPE_BF16) {
+        ok[i] = W[i].dtype == DTYPE_F32 || W[i].dtype == DTYPE_BF16;
+        if (!ok[i]) {
             char what[64];
             snprintf(what, sizeof what, "matmul_dense: unknown weight dtype %d", (int)W[i].dtype);
             poison(what, y[i], W[i].rows * ntok);
-            gemm[i] = 0;
-            first[i + 1] = first[i];
-        } else {
-            gemm[i] = dense_gemm(&rb, &W[i], ntok);
-            first[i + 1] = first[i] + dense_jobs(&rb, &W[i], gemm[i]);
+            continue;
         }
-        m = i + 1;
-    }
-    /* one-token bf16 matrices: x in double times K3_BF16_XS_SCALE, converted once here for all
-     * their row blocks (each distinct x once, in the thread's matmul_reserve_x buffer; without
-     * one the float kernels run: the same bits) */
-    const double *xs[K3_MATMUL_MANY_MAX];
-    int one[K3_MATMUL_MANY_MAX] = {0};
-    size_t cols[K3_MATMUL_MANY_MAX] = {0};
-    for (size_t i = 0; i < m; i++) {
+        gemm[i] = dense_gemm(&rb, &W[i], ntok);
         one[i] = rb.bf16_xs && ntok == 1 && !gemm[i] && W[i].dtype == DTYPE_BF16 && W[i].rows >= K3_ROWBLOCK;
         cols[i] = W[i].cols;
     }
-    x_in_double(m, x, cols, one, K3_BF16_XS_SCALE, xs);
-    for (size_t i = 0; i < m; i++) /* the one-token bf16 matrices go in jobs of K3_XS_ROWS rows */
-        first[i + 1] = first[i] + (xs[i]                                ? (W[i].rows + K3_XS_ROWS - 1) / K3_XS_ROWS
-                                   : W[i].dtype == DTYPE_F32 || W[i].dtype == DTYPE_BF16 ? dense_jobs(&rb, &W[i], gemm[i])
-                                                                                          : 0);
-    const size_t total = first[m];
+    /* one-token bf16 matrices: x in double times K3_BF16_XS_SCALE, converted once here for all
+     * their row blocks (each distinct x once, in the thread's matmul_reserve_x buffer; without
+     * one the float kernels run: the same bits), in jobs of K3_XS_ROWS rows */
+    const double *xs[K3_MATMUL_MANY_MAX];
+    x_in_double(n, x, cols, one, K3_BF16_XS_SCALE, xs);
+    first[0] = 0;
+    for (size_t i = 0; i < n; i++)
+        first[i + 1] = first[i] + (xs[i] ? (W[i].rows + K3_XS_ROWS - 1) / K3_XS_ROWS : ok[i] ? dense_jobs(&rb, &W[i], gemm[i]) : 0);
+    const size_t total = first[n];
     /* one region for all n matmuls: each job finds its matrix (n is a handful) */
 #pragma omp parallel for schedule(runtime)
     for (size_t j = 0; j < total; j++) {

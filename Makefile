@@ -68,7 +68,11 @@ $(BIN)/k3-expertd-faults: $(BUILD)/workers/expertd_main_faults.o $(LIB)
 
 $(BIN)/test_%: $(BUILD)/tests/unit/test_%.o $(LIB)
 	@mkdir -p $(BIN)
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS) $(WRAP_ALLOC)
+
+# test_forward counts the engine's own allocations (its __wrap_ functions see every call the
+# test and libk3.a make; libgomp's and libc's own are not theirs)
+$(BIN)/test_forward: WRAP_ALLOC = -Wl,--wrap=malloc,--wrap=calloc,--wrap=realloc,--wrap=aligned_alloc,--wrap=posix_memalign
 
 $(BIN)/bench_%: $(BUILD)/bench/bench_%.o $(LIB)
 	@mkdir -p $(BIN)

@@ -111,6 +111,21 @@ uint64_t ls_numel(const k3_config *c, const ls_tensor *t) {
     return n;
 }
 
+uint64_t ls_widest_trunk_input(const k3_config *c) {
+    int present[LS_NKINDS] = {0}; /* the kinds some layer has (a config without dense layers has no MLP) */
+    present[LS_MODEL] = 1;
+    for (int l = 0; l < c->num_hidden_layers; l++) present[ls_attn_kind(c, l)] = present[ls_ffn_kind(c, l)] = 1;
+    uint64_t w = 0;
+    for (int k = 0; k < LS_NKINDS; k++)
+        for (int r = 0; present[k] && r < TABLES[k].n; r++) {
+            const ls_tensor *t = &TABLES[k].rows[r];
+            if ((t->place != LS_TRUNK && t->place != LS_LM_HEAD) || t->ndim != 2 || !ls_cond_holds(c, t->cond)) continue;
+            uint64_t cols = ls_dim_value(c, t->dim[1]);
+            if (cols > w) w = cols;
+        }
+    return w;
+}
+
 int ls_dtype_ok(const ls_tensor *t, st_dtype d) {
     return t->dtype == LS_U8 ? d == ST_U8 : d == ST_F32 || d == ST_BF16;
 }

@@ -196,6 +196,9 @@ const char *ls_dim_name(ls_dim d);
 int ls_cond_holds(const k3_config *c, ls_cond cond);
 /* Values of a row's shape (product of its dims). */
 uint64_t ls_numel(const k3_config *c, const ls_tensor *t);
+/* The widest input (columns) of any trunk matrix or the lm head the config has: what one
+ * one-token matmul converts of its x (the engine's per-thread input buffer, forward.h). */
+uint64_t ls_widest_trunk_input(const k3_config *c);
 /* Whether a stored dtype is accepted for the row; the release dtype's size. */
 int ls_dtype_ok(const ls_tensor *t, st_dtype d);
 size_t ls_release_size(const ls_tensor *t);

@@ -61,14 +61,7 @@ int experts_local_create(expert_backend *b, k3_model *m, const kernels *k, uint6
     if (!(li->cache = expert_cache_create(&m->experts, &m->ck, cache_bytes, -1, err))) { free(li->hint); free(li); return -1; }
     expert_cache_set_policy(li->cache, policy);
     /* a decode step's w2 products take K distinct one-token inputs in double (matmul_mxfp4_list):
-     * reserve them in this (the forward's) thread now so that no decode step allocates */
-    size_t K = (size_t)m->cfg.num_experts_per_token, L = m->experts.L, I = m->experts.I;
-    if (matmul_reserve_x(K * I > L ? K * I : L)) {
-        expert_cache_free(li->cache);
-        free(li->hint);
-        free(li);
-        return k3_fail(err, "out of memory");
-    }
+     * the engine reserves them in its forward's thread (forward.h forward_x_doubles) */
     *b = (expert_backend){local_run, local_destroy, li, local_hint, NULL};
     return 0;
 }

@@ -6,6 +6,7 @@
  * then h = mix(B + [P], output_res); logits = lm_head(RMSNorm(h, norm)). */
 #include "coordinator/forward.h"
 #include "common/activations.h"
+#include "common/layer_schema.h"
 #include "coordinator/layers.h"
 #include <math.h>
 #include <stdlib.h>
@@ -91,11 +92,27 @@ int engine_init(engine *en, size_t max_rows, size_t max_ctx, int nthreads, k3_er
     void *p = NULL;
     if (posix_memalign(&p, 64, bytes)) return k3_fail(err, "cannot allocate the %zu-byte scratch arena", bytes);
     en->arena = (scratch){p, bytes, 0};
-    /* the prefill kernels' per-thread workspace, now rather than in the first pass */
-    if (en->k && matmul_reserve_gemm(en->k, nthreads)) {
+    /* the kernels' buffers of this thread and its team, now rather than in the first pass */
+    if (engine_reserve_thread(en, err)) {
         engine_free(en);
-        return k3_fail(err, "cannot allocate the prefill kernels' workspace (%zu bytes a thread)", matmul_gemm_ws_bytes());
+        return -1;
     }
+    return 0;
+}
+
+size_t forward_x_doubles(const k3_config *c) {
+    size_t dense = 2 * (size_t)ls_widest_trunk_input(c);
+    size_t experts = (size_t)c->num_experts_per_token * (size_t)c->moe_intermediate_size;
+    if ((size_t)c->routed_expert_hidden_size > experts) experts = (size_t)c->routed_expert_hidden_size;
+    return dense > experts ? dense : experts;
+}
+
+int engine_reserve_thread(const engine *en, k3_error *err) {
+    size_t nx = forward_x_doubles(&en->model->cfg);
+    if (matmul_reserve_x(nx))
+        return k3_fail(err, "cannot allocate the one-token input buffer (%zu bytes)", nx * sizeof(double));
+    if (en->k && matmul_reserve_gemm(en->k, en->nthreads))
+        return k3_fail(err, "cannot allocate the prefill kernels' workspace (%zu bytes a thread)", matmul_gemm_ws_bytes());
     return 0;
 }
 

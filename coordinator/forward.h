@@ -57,10 +57,23 @@ typedef struct {
 /* Bytes of the scratch arena for max_rows rows, max_ctx positions and nthreads threads. */
 size_t forward_scratch_bytes(const k3_config *c, size_t max_rows, size_t max_ctx, int nthreads, size_t lm_chunk_rows);
 
-/* Fills the engine's set-up fields and allocates its arena and, in each of nthreads OpenMP
- * threads, the prefill kernels' workspace (kernels.h matmul_reserve_gemm; the plan counts it with
- * the scratch). en->model and en->trunk must be set (and en->k for the workspace). */
+/* Doubles of one-token inputs that a forward's thread converts in one matmul call (kernels.h
+ * matmul_reserve_x): two of the widest trunk inputs (a call of the layer code has at most two
+ * distinct inputs: KDA's f_b, b, g) or the in-process experts' top-k down-projection inputs
+ * (matmul_mxfp4_list), whichever is more. The plan counts it with the scratch. */
+size_t forward_x_doubles(const k3_config *c);
+
+/* Fills the engine's set-up fields and allocates its arena and, for the calling thread,
+ * engine_reserve_thread's buffers. en->model and en->trunk must be set (and en->k for the
+ * workspace). */
 int engine_init(engine *en, size_t max_rows, size_t max_ctx, int nthreads, k3_error *err);
+/* In the calling thread: its one-token input buffer (forward_x_doubles) and, in each of its
+ * OpenMP team's nthreads threads, the prefill kernels' workspace (kernels.h matmul_reserve_gemm),
+ * so that no forward allocates. engine_init does it for its own thread; a thread that runs the
+ * forwards of an engine made elsewhere (the server's scheduler: libgomp gives it a team of its
+ * own) calls it before its first forward. Without memory the kernels run without the buffers
+ * (the same bits): -1 and err says which. */
+int engine_reserve_thread(const engine *en, k3_error *err);
 void engine_free(engine *en);
 
 int forward_batch(engine *en, forward_seq *seqs, size_t n_seqs, k3_error *err);

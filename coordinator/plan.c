@@ -135,6 +135,7 @@ int plan_make_spec(mem_plan *p, const k3_config *c, const k3_model *m, uint64_t 
      * two rows of logits per chunk token (the generator's) and, in-process, the expert batch */
     p->scratch_bytes = forward_scratch_bytes(c, (size_t)T, (size_t)ctx, omp_get_max_threads(), p->lm_chunk_rows) +
                        (uint64_t)omp_get_max_threads() * matmul_gemm_ws_bytes() + /* the prefill kernels' workspace */
+                       (uint64_t)forward_x_doubles(c) * sizeof(double) +          /* the one-token inputs in double */
                        Tn * V * 4 * 2 + (W == 0 && !p->mpi_ranks ? Tn * k * 4 * (2 * L + 2 * I) : 0);
     uint64_t pairs = Tn * k;
     uint64_t ring_one = 2 * (RU(256 + 12 * pairs) + RU(Tn * L * 4) + RU(pairs * L * 4) + 256) + PAGE;

@@ -393,6 +393,10 @@ static int on_event(scheduler *s, slot *sl, const gen_event *ev) {
 static void *loop(void *arg) {
     scheduler *s = arg;
     size_t P = s->cfg.parallel;
+    { /* this thread runs every forward: its kernels' buffers now, not in the first request */
+        k3_error e = {0};
+        if (engine_reserve_thread(s->en, &e)) fprintf(stderr, "k3: server: %s (the kernels run without it: the same bits)\n", e.msg);
+    }
     for (;;) {
         pthread_mutex_lock(&s->mu);
         for (;;) {

@@ -56,6 +56,9 @@ typedef struct {
     const uint8_t *data;  /* start of the expert's bytes inside buf */
 } cache_slot;
 
+/* a slot taken for an expert the synchronous prefetch reads, and where it is read from */
+typedef struct { cache_slot *slot; const expert_loc *loc; } miss;
+
 struct expert_cache {
     const expert_store *st;
     checkpoint *ck;
@@ -83,6 +86,8 @@ struct expert_cache {
     size_t n_owned;       /* the experts of the store (a slot each: a resident run) */
     key_state *keys;      /* [n_layers * n_experts] */
     uint8_t *in_request;  /* [n_experts] scratch */
+    miss *pf_miss;        /* [n_slots] scratch of the synchronous prefetch: a request's misses */
+    cache_slot **pf_hit;  /* [n_slots] and its hits (at most n_slots - 1 of either) */
     uint64_t cycle;       /* forward passes seen: a request whose layer is not above the last one starts a pass */
     int cur_layer;
     uint64_t lfu_since;
@@ -151,12 +156,14 @@ expert_cache *expert_cache_create(const expert_store *st, checkpoint *ck, uint64
     c->ix_count = calloc((size_t)PHIT_CELLS * (size_t)st->n_layers + 1, sizeof *c->ix_count);
     c->ix_head = malloc(((size_t)st->n_layers + 1) * sizeof *c->ix_head);
     c->hp = malloc((c->n_slots + 1) * sizeof *c->hp);
+    c->pf_miss = malloc((c->n_slots + 1) * sizeof *c->pf_miss);
+    c->pf_hit = malloc((c->n_slots + 1) * sizeof *c->pf_hit);
     c->n_empty = c->n_slots;
     c->arena_bytes = c->n_slots * sb;
     if (node >= 0 && numa_available() >= 0) c->arena = numa_alloc_onnode(c->arena_bytes, node);
     else c->arena = weight_mem_alloc(c->arena_bytes); /* 2 MiB aligned, huge pages */
     if (!c->slots || !c->rds || !c->direct_fd || !c->arena || !c->keys || !c->in_request || !c->slot_of || !c->ix_bits ||
-        !c->ix_count || !c->ix_head || !c->hp || c->n_slots >= INT32_MAX) {
+        !c->ix_count || !c->ix_head || !c->hp || !c->pf_miss || !c->pf_hit || c->n_slots >= INT32_MAX) {
         k3_fail(err, "cannot allocate an expert cache of %zu slots (%llu bytes)", c->n_slots, (unsigned long long)c->arena_bytes);
         expert_cache_free(c);
         return NULL;
@@ -196,6 +203,8 @@ void expert_cache_free(expert_cache *c) {
     free(c->ix_count);
     free(c->ix_head);
     free(c->hp);
+    free(c->pf_miss);
+    free(c->pf_hit);
     free(c);
 }
 
@@ -914,8 +923,6 @@ size_t expert_cache_hint(expert_cache *c, int layer, const int32_t *experts, siz
     return started;
 }
 
-typedef struct { cache_slot *slot; const expert_loc *loc; } miss;
-
 static int cmp_miss(const void *a, const void *b) {
     const miss *x = a, *y = b;
     if (x->loc->t[0]->shard != y->loc->t[0]->shard) return x->loc->t[0]->shard < y->loc->t[0]->shard ? -1 : 1;
@@ -928,14 +935,11 @@ static int cache_prefetch(void *ctx, int layer, const int32_t *experts, size_t n
     if (c->n_slots < 2) return 0; /* one slot: everything is read on demand */
     if (c->pool) return prefetch_async(c, layer, experts, n, err);
     size_t w = n < c->n_slots - 1 ? n : c->n_slots - 1, nm = 0, nh = 0;
-    miss *ms = malloc((w ? w : 1) * sizeof *ms);
-    cache_slot **hit = malloc((w ? w : 1) * sizeof *hit);
-    if (!ms || !hit) { free(ms); free(hit); return k3_fail(err, "out of memory"); }
+    miss *ms = c->pf_miss;      /* w entries at most each: sized n_slots at creation */
+    cache_slot **hit = c->pf_hit;
     for (size_t i = 0; i < w; i++)
-        if (!expert_store_loc(c->st, layer, experts[i])) {
-            free(ms); free(hit);
+        if (!expert_store_loc(c->st, layer, experts[i]))
             return k3_fail(err, "expert %d of layer %d is not owned by this worker", experts[i], layer);
-        }
     /* pass 1: pin the resident experts, so that no miss of this request evicts them */
     for (size_t i = 0; i < w; i++) {
         cache_slot *s = find(c, layer, experts[i]);
@@ -979,8 +983,6 @@ static int cache_prefetch(void *ctx, int layer, const int32_t *experts, size_t n
     }
     if (failed)
         for (size_t i = 0; i < nh; i++) unpin(c, hit[i]); /* the batch stops: nothing will be acquired */
-    free(ms);
-    free(hit);
     if (failed) return k3_fail(err, "%s", first.msg);
     return 0;
 }

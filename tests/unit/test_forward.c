@@ -9,11 +9,18 @@
  * - gen_step_batch: greedy ids of 3 sequences decoded together equal each decoded
  *   alone with gen_step; a stop id ends a sequence; the context cap is enforced.
  * - The engine refuses a call over more rows than its arena was sized for.
+ * - No forward allocates: in a thread made after engine_init (as the server's scheduler is),
+ *   engine_reserve_thread first, then a prefill chunk and a decode token make no call to
+ *   malloc, calloc, realloc, aligned_alloc or posix_memalign from the engine's code (linked
+ *   with --wrap, Makefile WRAP_ALLOC); at the AVX-512 level, without it they do (the
+ *   kernels' one-token input buffer and prefill workspace), so the check can fail.
  * Uses tests/models/m13 (run from the repository root). */
 #include "tests/unit/check.h"
 #include "coordinator/experts_local.h"
 #include "coordinator/generate.h"
 #include "coordinator/plan.h"
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -187,7 +194,72 @@ static void test_gen_batch(void) {
     rig_close(&r);
 }
 
+typedef struct {
+    rig *r;
+    int reserve;
+    long allocs; /* allocation calls of the engine's code during the forwards */
+    int ok;
+} alloc_probe;
+
+/* every allocation call of this program's own code (libk3.a and the test) while counting */
+static atomic_int counting;
+static atomic_long alloc_calls;
+void *__real_malloc(size_t n);
+void *__real_calloc(size_t n, size_t m);
+void *__real_realloc(void *p, size_t n);
+void *__real_aligned_alloc(size_t a, size_t n);
+int __real_posix_memalign(void **p, size_t a, size_t n);
+static void count_alloc(void) {
+    if (atomic_load(&counting)) atomic_fetch_add(&alloc_calls, 1);
+}
+void *__wrap_malloc(size_t n) { count_alloc(); return __real_malloc(n); }
+void *__wrap_calloc(size_t n, size_t m) { count_alloc(); return __real_calloc(n, m); }
+void *__wrap_realloc(void *p, size_t n) { count_alloc(); return __real_realloc(p, n); }
+void *__wrap_aligned_alloc(size_t a, size_t n) { count_alloc(); return __real_aligned_alloc(a, n); }
+int __wrap_posix_memalign(void **p, size_t a, size_t n) { count_alloc(); return __real_posix_memalign(p, a, n); }
+
+static void *alloc_probe_main(void *arg) {
+    alloc_probe *a = arg;
+    k3_error err = {0};
+    size_t x = 0;
+    /* the thread's OpenMP team first (libgomp's own allocations, not the engine's) */
+#pragma omp parallel for num_threads(2) schedule(dynamic, 1) reduction(+ : x)
+    for (int i = 0; i < 64; i++) x += (size_t)i;
+    if (a->reserve && engine_reserve_thread(&a->r->en, &err)) { printf("reserve: %s\n", err.msg); return NULL; }
+    seq_state st;
+    if (seq_state_init(&st, &a->r->m.cfg, &err)) return NULL;
+    /* a first pass outside the window: the expert cache fills on its first use */
+    int ok = forward_chunk(&a->r->en, &st, A, 4, 3, NULL, &err) == 0;
+    seq_state_reset(&st, &a->r->m.cfg);
+    atomic_store(&alloc_calls, 0);
+    atomic_store(&counting, 1);
+    ok &= forward_chunk(&a->r->en, &st, A, 4, 3, NULL, &err) == 0;    /* a prefill chunk */
+    ok &= forward_chunk(&a->r->en, &st, A + 4, 1, 0, NULL, &err) == 0; /* a decode token */
+    atomic_store(&counting, 0);
+    a->allocs = atomic_load(&alloc_calls);
+    seq_state_free(&st);
+    a->ok = ok && x == 2016;
+    return NULL;
+}
+
+static void test_no_alloc(void) {
+    for (int reserve = 1; reserve >= 0; reserve--) {
+        rig r;
+        rig_open(&r, 0, 8);
+        alloc_probe a = {&r, reserve, 0, 0};
+        pthread_t th;
+        CHECK(pthread_create(&th, NULL, alloc_probe_main, &a) == 0, "pthread_create");
+        pthread_join(th, NULL);
+        CHECK(a.ok, "forwards in a new thread failed");
+        if (reserve) CHECK(a.allocs == 0, "a prefill chunk and a decode token made %ld allocations after engine_reserve_thread", a.allocs);
+        else if (r.en.k->level == SIMD_AVX512)
+            CHECK(a.allocs > 0, "without engine_reserve_thread a new thread's forwards should allocate its kernel buffers");
+        rig_close(&r);
+    }
+}
+
 int main(void) {
+    test_no_alloc();
     test_batch(0);
     test_batch(1);
     test_gen_batch();

@@ -187,6 +187,13 @@ int checkpoint_read(checkpoint *ck, const ckpt_entry *e, uint64_t off, void *dst
     return direct_read(ck->shards[e->shard].file.path, -1, fd, e->t->begin + off, len, dst, &d, NULL, what, err);
 }
 
+void checkpoint_willneed(checkpoint *ck, const ckpt_entry *e, uint64_t off, size_t len) {
+    if (off > e->t->end - e->t->begin || len > e->t->end - e->t->begin - off) return;
+    k3_error ignored = {0};
+    int fd = checkpoint_shard_fd(ck, e->shard, &ignored);
+    if (fd >= 0) (void)posix_fadvise(fd, (off_t)(e->t->begin + off), (off_t)len, POSIX_FADV_WILLNEED);
+}
+
 const void *checkpoint_data(checkpoint *ck, const ckpt_entry *e, k3_error *err) {
     ckpt_shard *s = &ck->shards[e->shard];
     if (!s->map) {

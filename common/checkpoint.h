@@ -60,5 +60,9 @@ size_t floats_first_nonfinite(const void *p, st_dtype dt, size_t n);
 const void *checkpoint_data(checkpoint *ck, const ckpt_entry *e, k3_error *err);
 /* The shard's path and an open read-only fd (for pread/O_DIRECT readers). */
 int checkpoint_shard_fd(checkpoint *ck, int shard, k3_error *err);
+/* A hint: bytes [off, off + len) of a tensor will be read soon (posix_fadvise WILLNEED on
+ * its shard: the kernel starts reading them without waiting). Nothing if the range is
+ * outside the tensor or the shard cannot be opened (the read that follows reports it). */
+void checkpoint_willneed(checkpoint *ck, const ckpt_entry *e, uint64_t off, size_t len);
 
 #endif

@@ -149,6 +149,8 @@ static int forward_walk(engine *en, trunk_pass *tp, forward_seq *seqs, size_t n_
     fwd_segment *sg = B.seg;
     fwd_phases *pf = &en->phases;
     fph_begin(pf);
+    for (size_t i = 0; i < n_seqs; i++) /* a chunk's embedding rows read ahead, together */
+        if (seqs[i].n > 1) trunk_embed_prefetch(en->trunk, seqs[i].tokens, seqs[i].n);
     for (size_t i = 0, row = 0; i < n_seqs; i++) {
         if (seq_state_reserve(seqs[i].st, c, seqs[i].st->pos + seqs[i].n, err)) return -1;
         sg[i] = (fwd_segment){seqs[i].st, row, seqs[i].n, seqs[i].st->pos};

@@ -550,6 +550,14 @@ void trunk_release_lm(trunk_pass *p, int c) {
     release_walk(p->t, p->t->n_layer_units + c);
 }
 
+void trunk_embed_prefetch(trunk *t, const int32_t *tokens, size_t n) {
+    const k3_model *m = t->m;
+    size_t E = (size_t)m->cfg.hidden_size, es = m->embed.dtype == DTYPE_F32 ? 4 : 2;
+    for (size_t i = 0; i < n; i++)
+        if (tokens[i] >= 0 && tokens[i] < m->cfg.vocab_size)
+            checkpoint_willneed(&t->m->ck, m->embed_entry, (uint64_t)tokens[i] * E * es, E * es);
+}
+
 int trunk_embed_row(trunk *t, int32_t token, float *out, k3_error *err) {
     const k3_model *m = t->m;
     size_t E = (size_t)m->cfg.hidden_size, es = m->embed.dtype == DTYPE_F32 ? 4 : 2;

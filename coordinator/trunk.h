@@ -83,8 +83,11 @@ int trunk_lm_chunks(const trunk *t);
 size_t trunk_lm_chunk_rows(const trunk *t);
 int trunk_acquire_lm(trunk_pass *p, int c, dense_weight *w, size_t *row0, k3_error *err);
 void trunk_release_lm(trunk_pass *p, int c);
-/* Embedding row of a token as floats (read from the shard unless pinned). */
+/* Embedding row of a token as floats (read from the shard). */
 int trunk_embed_row(trunk *t, int32_t token, float *out, k3_error *err);
+/* A hint before trunk_embed_row of n tokens: their rows' reads start now, all at once (a
+ * prompt chunk's cold rows then cost about one read's latency instead of n in a row). */
+void trunk_embed_prefetch(trunk *t, const int32_t *tokens, size_t n);
 
 typedef struct {
     uint64_t pinned_bytes, slot_bytes, bytes_streamed, units_streamed;

@@ -91,6 +91,14 @@ int main(void) {
         float row[4096];
         CHECK((size_t)m.cfg.hidden_size <= 4096 && trunk_embed_row(t, 3, row, &e2) == 0, "embedding row: %s", e2.msg);
         CHECK(trunk_embed_row(t, m.cfg.vocab_size, row, &e2) != 0, "an out-of-vocabulary embedding row must fail");
+        { /* the read-ahead hint changes no row, and ignores ids outside the vocabulary */
+            static float row2[4096];
+            const int32_t toks[4] = {3, -1, m.cfg.vocab_size, m.cfg.vocab_size - 1};
+            e2 = (k3_error){0};
+            trunk_embed_prefetch(t, toks, 4);
+            CHECK(trunk_embed_row(t, 3, row2, &e2) == 0 && memcmp(row, row2, (size_t)m.cfg.hidden_size * sizeof *row) == 0,
+                  "embedding row after trunk_embed_prefetch differs: %s", e2.msg);
+        }
         trunk_free(t);
     }
     free(ref);

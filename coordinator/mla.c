@@ -76,7 +76,41 @@ MLA_CLONES static void axpy_f32(double *ql, const float *wr, double qv, size_t k
  * each sum in order */
 MLA_CLONES static void mla_scores(const double *qT, const double *qpeT, const float *cache, size_t row, size_t kr,
                                   size_t rope, size_t n, double scale, double *p) {
-    for (size_t ps = 0; ps < n; ps++) {
+    size_t ps = 0;
+    /* four positions at a time: four independent chains per head, each q column loaded once
+     * for them; every position's sums in the same order as one at a time */
+    for (; ps + 4 <= n; ps += 4) {
+        const float *c0 = cache + ps * row, *c1 = c0 + row, *c2 = c1 + row, *c3 = c2 + row;
+        double l0[MLA_HB], l1[MLA_HB], l2[MLA_HB], l3[MLA_HB], e0[MLA_HB], e1[MLA_HB], e2[MLA_HB], e3[MLA_HB];
+        for (size_t j = 0; j < MLA_HB; j++) l0[j] = l1[j] = l2[j] = l3[j] = e0[j] = e1[j] = e2[j] = e3[j] = 0;
+        for (size_t cc = 0; cc < kr; cc++) {
+            const double v0 = c0[cc], v1 = c1[cc], v2 = c2[cc], v3 = c3[cc], *qc = qT + cc * MLA_HB;
+#pragma omp simd
+            for (size_t j = 0; j < MLA_HB; j++) {
+                l0[j] += qc[j] * v0;
+                l1[j] += qc[j] * v1;
+                l2[j] += qc[j] * v2;
+                l3[j] += qc[j] * v3;
+            }
+        }
+        for (size_t r = 0; r < rope; r++) {
+            const double v0 = c0[kr + r], v1 = c1[kr + r], v2 = c2[kr + r], v3 = c3[kr + r], *qc = qpeT + r * MLA_HB;
+#pragma omp simd
+            for (size_t j = 0; j < MLA_HB; j++) {
+                e0[j] += qc[j] * v0;
+                e1[j] += qc[j] * v1;
+                e2[j] += qc[j] * v2;
+                e3[j] += qc[j] * v3;
+            }
+        }
+        for (size_t j = 0; j < MLA_HB; j++) {
+            p[ps * MLA_HB + j] = (l0[j] + e0[j]) * scale;
+            p[(ps + 1) * MLA_HB + j] = (l1[j] + e1[j]) * scale;
+            p[(ps + 2) * MLA_HB + j] = (l2[j] + e2[j]) * scale;
+            p[(ps + 3) * MLA_HB + j] = (l3[j] + e3[j]) * scale;
+        }
+    }
+    for (; ps < n; ps++) {
         const float *cs = cache + ps * row;
         double dl[MLA_HB], dp[MLA_HB];
         for (size_t j = 0; j < MLA_HB; j++) dl[j] = dp[j] = 0;

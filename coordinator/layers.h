@@ -41,6 +41,12 @@ int mla_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const mla_
                 size_t nseg, const float *x, size_t R, float *out, scratch *sc, int nthreads, size_t max_ctx,
                 fwd_phases *pf, k3_error *err);
 size_t mla_scratch_bytes(const k3_config *c, size_t R, int nthreads, size_t max_ctx);
+/* The scores of MLA_HB (8) absorbed queries against n cached rows, as mla_forward computes them
+ * (for tests: the bits must be those of one position and one head at a time):
+ * p[ps * 8 + j] = (sum_cc qT[cc * 8 + j] * c_ps[cc] + sum_r qpeT[r * 8 + j] * c_ps[kr + r]) * scale,
+ * c_ps = cache + ps * row, each sum in order, products and sums in double. */
+void mla_scores_heads(const double *qT, const double *qpeT, const float *cache, size_t row, size_t kr, size_t rope,
+                      size_t n, double scale, double *p);
 /* 4.1 MLP with SiTU-GLU (dense layers and the fused shared experts); takes no lap (the
  * caller's phase; mlp_flop gives its FLOP for R rows). */
 int mlp_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const mlp_weights *w, const float *x, size_t R,

@@ -128,6 +128,11 @@ MLA_CLONES static void mla_scores(const double *qT, const double *qpeT, const fl
     }
 }
 
+void mla_scores_heads(const double *qT, const double *qpeT, const float *cache, size_t row, size_t kr, size_t rope,
+                      size_t n, double scale, double *p) {
+    mla_scores(qT, qpeT, cache, row, kr, rope, n, scale, p);
+}
+
 /* ctx[j][cc] = sum_ps p[ps][j] * c_ps[cc], ps in order, for j < nb */
 MLA_CLONES static void mla_context(const double *p, const float *cache, size_t row, size_t kr, size_t n, size_t nb,
                                    double *ctx) {

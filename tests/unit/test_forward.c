@@ -19,6 +19,7 @@
 #include "coordinator/experts_local.h"
 #include "coordinator/generate.h"
 #include "coordinator/plan.h"
+#include "coordinator/layers.h"
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -258,7 +259,33 @@ static void test_no_alloc(void) {
     }
 }
 
+/* mla_scores_heads (several positions at a time) against one position and one head at a time */
+static void test_mla_scores(void) {
+    enum { HB = 8, KR = 40, ROPE = 8, ROW = KR + ROPE + 3, NMAX = 13 };
+    static double qT[KR * HB], qpeT[ROPE * HB], p[NMAX * HB];
+    static float cache[NMAX * ROW];
+    uint64_t s = 7;
+    for (size_t i = 0; i < KR * HB; i++) qT[i] = (double)((s = s * 6364136223846793005ULL + 1442695040888963407ULL) >> 11) / 9007199254740992.0 - 0.5;
+    for (size_t i = 0; i < ROPE * HB; i++) qpeT[i] = (double)((s = s * 6364136223846793005ULL + 1442695040888963407ULL) >> 11) / 4503599627370496.0 - 1.0;
+    for (size_t i = 0; i < NMAX * ROW; i++) cache[i] = (float)((double)((s = s * 6364136223846793005ULL + 1442695040888963407ULL) >> 40) / 16777216.0 - 0.5);
+    const double scale = 0.0883883476483184;
+    for (size_t n = 1; n <= NMAX; n++) {
+        mla_scores_heads(qT, qpeT, cache, ROW, KR, ROPE, n, scale, p);
+        size_t bad = 0;
+        for (size_t ps = 0; ps < n; ps++)
+            for (size_t j = 0; j < HB; j++) {
+                double dl = 0, dp = 0;
+                for (size_t cc = 0; cc < KR; cc++) dl += qT[cc * HB + j] * (double)cache[ps * ROW + cc];
+                for (size_t r = 0; r < ROPE; r++) dp += qpeT[r * HB + j] * (double)cache[ps * ROW + KR + r];
+                const double want = (dl + dp) * scale;
+                if (memcmp(&want, &p[ps * HB + j], sizeof want) != 0) bad++;
+            }
+        CHECK(bad == 0, "mla scores over %zu positions: %zu of %zu differ from one position at a time", n, bad, n * HB);
+    }
+}
+
 int main(void) {
+    test_mla_scores();
     test_no_alloc();
     test_batch(0);
     test_batch(1);

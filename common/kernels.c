@@ -5,6 +5,9 @@
 #include "common/kernels.h"
 
 #include <math.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 #include <omp.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -135,6 +138,43 @@ typedef struct {
     int gemm; /* the multi-token kernels may be used (K3_GEMM_MIN_TOK+ tokens): 1 AVX2 + FMA, 2 AVX-512 */
 } rowblock_fns;
 
+#ifdef K3_HAVE_X86_KERNELS
+int k3_cpu_has_vbmi(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vbmi");
+}
+
+/* The one-token 16-row bf16 kernel of the AVX-512 level for this CPU (both give the same bits;
+ * tests/unit/test_kernels.c runs each against the scalar reference). AMD family 25 (0x19) with
+ * AVX-512 is Zen 4 (Zen 3, the family's other cores, has none): there 512-bit shifts, shuffles and
+ * FMAs each hold a 256-bit pipe for two cycles and the shift kernel is bound by them, so the one
+ * that builds the doubles' bytes with vpermi2b (a shift per 32 weights instead of per 8) runs
+ * (seventh session: 1 thread from memory 18.7 -> 24.8 GB/s). Everywhere else (Intel, Zen 5, where
+ * it was measured) the shift kernel, k3_rows_bf16_xs16_avx512. K3_DECODE_BF16=shift or =bytes
+ * overrides the rule (a measurement switch; bytes only where the CPU has AVX512-VBMI). */
+static k3_rows_bf16_xs_fn xs16_choice;
+static pthread_once_t xs16_once = PTHREAD_ONCE_INIT;
+static int cpu_is_amd_family(unsigned family) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u || d != 0x69746e65u || c != 0x444d4163u) return 0;
+    if (!__get_cpuid(1, &a, &b, &c, &d)) return 0; /* "AuthenticAMD" above */
+    unsigned base = (a >> 8) & 0xf, fam = base == 0xf ? base + ((a >> 20) & 0xff) : base;
+    return fam == family;
+}
+static void xs16_pick(void) {
+    const int vbmi = k3_cpu_has_vbmi();
+    const char *e = getenv("K3_DECODE_BF16");
+    int bytes = vbmi && cpu_is_amd_family(0x19);
+    if (e && strcmp(e, "shift") == 0) bytes = 0;
+    else if (e && strcmp(e, "bytes") == 0) bytes = vbmi;
+    xs16_choice = bytes ? k3_rows_bf16_xsb16_avx512 : k3_rows_bf16_xs16_avx512;
+}
+static k3_rows_bf16_xs_fn bf16_xs16_for_cpu(void) {
+    pthread_once(&xs16_once, xs16_pick);
+    return xs16_choice;
+}
+#endif
+
 static rowblock_fns rowblock_for(const kernels *k) {
     rowblock_fns b = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0};
 #ifdef K3_HAVE_X86_KERNELS
@@ -145,7 +185,7 @@ static rowblock_fns rowblock_for(const kernels *k) {
         b.bf16 = k3_rows_bf16_avx512;
         b.bf16_x2 = k3_rows_bf16_x2_avx512;
         b.bf16_xs = k3_rows_bf16_xs_avx512;
-        b.bf16_xs16 = k3_rows_bf16_xs16_avx512;
+        b.bf16_xs16 = bf16_xs16_for_cpu();
     }
     if (k->dot_mxfp4 == k3_dot_mxfp4_avx512) {
         b.mxfp4 = k3_rows_mxfp4_avx512;

@@ -317,6 +317,94 @@ void k3_rows_bf16_xs16_avx512(const uint16_t *w, const double *xs, size_t n, flo
     for (int r = 0; r < R; r++) out[r] = reduce512(a[r]);
 }
 
+/* The same 16 rows with the bytes built by one shuffle per 8 weights and the shifts shared by 32
+ * (k3_rows_bf16_xsb16_avx512, AVX512-VBMI): the double bf16_xs8 builds for a weight w has only
+ * bytes 5, 6 and 7 non-zero: byte 5 = (w << 5) & 0xe0 (fraction bits 0..2 at bits 45..47),
+ * byte 6 = (w >> 3) & 0xff (fraction bits 3..6 and exponent bits 0..3 at 48..55), byte 7 =
+ * exponent bits 4..7 at 56..59, zeros at 60..62 and the sign at 63. For the 32 weights of one
+ * 64-byte load W of a row, T = W << 5 (16-bit lanes) holds bytes 5 and 6 of every weight (its
+ * low and high byte) and U = (W >>arith 3) & 0x8fff holds byte 7 (its high byte); then per 8
+ * weights one zero-masked vpermi2b (bytes 5, 6, 7 of qword l from T and U, word 8j + l) and the
+ * FMA. Per 32 weights 2 shifts, an AND, 4 vpermi2b and 4 FMAs where bf16_xs8 spends 4 vpermw,
+ * 4 shifts and 4 ANDs: on Zen 4, whose 512-bit shifts, shuffles and FMAs each hold a 256-bit
+ * pipe for two cycles, the kernel is bound by those pipes, not by memory, at 1 thread.
+ * Measured on the 2-vCPU EPYC Zen 4 VM (2026-12-01, bench/decode_zen4/harness.c, best / median
+ * of 15 alternated calls): 96 rows x 7168 in L2, 1 thread 23.5 / 23.0 GB/s (xs16) -> 29.1 /
+ * 28.7; 12288 x 7168 from memory 18.7 / 18.3 -> 24.8 / 23.5 (2 threads 31.7 / 28.2 -> 33.1 /
+ * 29.1, both at the read ceiling). The same doubles into the same FMAs in the same order: the
+ * bits of k3_rows_bf16_xs16_avx512. The 1..31 columns after the last 32 are loaded masked (+0
+ * weights and x: an accumulator, never -0, is unchanged by +0). K3_PF_AHEAD_XSB bytes ahead
+ * in each row (0: the hardware prefetchers alone, measured best here). */
+#ifndef K3_PF_AHEAD_XSB
+#define K3_PF_AHEAD_XSB 0
+#endif
+static inline __attribute__((target("avx512vbmi"), always_inline)) __m512d bf16_xsb8(__m512i t, __m512i u, __m512i idx) {
+    return _mm512_castsi512_pd(_mm512_maskz_permutex2var_epi8((__mmask64)0xE0E0E0E0E0E0E0E0ull, t, idx, u));
+}
+__attribute__((target("avx512vbmi"))) void k3_rows_bf16_xsb16_avx512(const uint16_t *w, const double *xs, size_t n,
+                                                                      float *out) {
+    /* idx[j]: qword l takes byte 5 = T byte 2(8j + l), byte 6 = T byte 2(8j + l) + 1, byte 7 = U byte 2(8j + l) + 1
+     * (vpermi2b: index bit 6 picks U); bytes 0..4 are zeroed by the mask */
+    __m512i idx[4];
+    for (int j = 0; j < 4; j++) {
+        uint8_t b[64];
+        for (int l = 0; l < 8; l++) {
+            const int wd = 8 * j + l;
+            memset(b + 8 * l, 0, 5);
+            b[8 * l + 5] = (uint8_t)(2 * wd);
+            b[8 * l + 6] = (uint8_t)(2 * wd + 1);
+            b[8 * l + 7] = (uint8_t)(64 + 2 * wd + 1);
+        }
+        idx[j] = _mm512_loadu_si512(b);
+    }
+    const __m512i k8f = _mm512_set1_epi16((short)0x8fff); /* sign and exponent bits 4..7 in the high byte */
+    enum { R = 16 };
+    __m512d a[R];
+#pragma GCC unroll 16
+    for (int r = 0; r < R; r++) a[r] = _mm512_setzero_pd();
+/* the 32 weights of row r from W at column j: groups 0 .. G-1 of 8 */
+#define K3_XSB_ROW(r, W, G)                                                                              \
+    do {                                                                                                    \
+        const __m512i t_ = _mm512_slli_epi16(W, 5), u_ = _mm512_and_si512(_mm512_srai_epi16(W, 3), k8f);    \
+        _Pragma("GCC unroll 4") for (int g = 0; g < (G); g++) a[r] =                                        \
+            fma8(a[r], bf16_xsb8(t_, u_, idx[g]), xg[g]);                                                   \
+    } while (0)
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32) { /* 64 bytes of each row per step */
+        if (K3_PF_AHEAD_XSB) {
+            const uintptr_t pf = (uintptr_t)(w + i) + K3_PF_AHEAD_XSB;
+#pragma GCC unroll 16
+            for (int r = 0; r < R; r++) _mm_prefetch((const char *)(pf + (size_t)r * n * sizeof *w), _MM_HINT_T0);
+        }
+        const __m512d xg[4] = {_mm512_loadu_pd(xs + i), _mm512_loadu_pd(xs + i + 8), _mm512_loadu_pd(xs + i + 16),
+                               _mm512_loadu_pd(xs + i + 24)};
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) {
+            const __m512i W = _mm512_loadu_si512((const void *)(w + r * n + i));
+            K3_XSB_ROW(r, W, 4);
+        }
+    }
+    if (i < n) { /* 1..31 columns: ceil(left / 8) groups of 8 lanes; missing weights and x are +0 */
+        const size_t left = n - i;
+        const int groups = (int)((left + 7) / 8);
+        const __mmask32 mw = (__mmask32)((1u << left) - 1); /* left < 32 */
+        __m512d xg[4];
+        for (int g = 0; g < 4; g++) {
+            const size_t c = (size_t)g * 8;
+            xg[g] = c < left ? _mm512_maskz_loadu_pd(tail_mask(left - c < 8 ? left - c : 8), xs + i + c)
+                             : _mm512_setzero_pd();
+        }
+#pragma GCC unroll 16
+        for (int r = 0; r < R; r++) {
+            const __m512i W = _mm512_maskz_loadu_epi16(mw, w + r * n + i);
+            K3_XSB_ROW(r, W, groups);
+        }
+    }
+#undef K3_XSB_ROW
+#pragma GCC unroll 16
+    for (int r = 0; r < R; r++) out[r] = reduce512(a[r]);
+}
+
 /* 8 rows x 2 tokens (x and x + n): each weight vector is converted once for both. */
 void k3_rows_bf16_x2_avx512(const uint16_t *w, const float *x, size_t n, float *out) {
     const __m256i idx = K3_BF16_IDX;

@@ -15,6 +15,7 @@
 
 #include "common/activations.h"
 #include "common/kernels.h"
+#include "common/kernels_impl.h"
 #include "tests/unit/check.h"
 
 typedef struct {
@@ -687,6 +688,59 @@ static void test_bf16_extremes(tstate *ts) {
     }
 }
 
+/* Every one-token bf16 row kernel of the AVX-512 level called directly (not only the one the
+ * drivers pick for this CPU): the 8-row shift kernel, the 16-row shift kernel and the 16-row
+ * byte kernel (vpermi2b, where the CPU has AVX512-VBMI), each row against the independent
+ * reference, on random and extreme weights and activations and widths with every tail. */
+static void test_bf16_row_variants(tstate *ts) {
+#ifdef K3_HAVE_X86_KERNELS
+    if (!kernels_get(SIMD_AVX512)) {
+        printf("SKIP bf16 row variants: no AVX-512\n");
+        return;
+    }
+    static const uint16_t wv[] = {0x0001, 0x8001, 0x007f, 0x807f, 0x0080, 0x8080, 0x7f7f, 0xff7f, 0x0000, 0x8000,
+                                  0x3f80, 0xbf80, 0x0040, 0x7f00, 0x00ff, 0x8123};
+    static const float xv[] = {0x1p-149f, -0x1p-149f, 0x1.fffffep127f, -0x1.fffffep127f, 0.0f, -0.0f, 1.0f,
+                               0x1p-126f, 3.0f, -0x1.234p-140f, 0x1.8p100f, -2.5f};
+    static const struct { const char *name; k3_rows_bf16_xs_fn fn; size_t rows; int vbmi; } var[] = {
+        {"xs 8 rows", k3_rows_bf16_xs_avx512, 8, 0},
+        {"xs16 shift", k3_rows_bf16_xs16_avx512, 16, 0},
+        {"xsb16 bytes", k3_rows_bf16_xsb16_avx512, 16, 1},
+    };
+    const int vbmi = k3_cpu_has_vbmi();
+    if (!vbmi) printf("SKIP bf16 row variant xsb16: no AVX512-VBMI\n");
+    uint64_t seed = 21;
+    for (size_t cols = 1; cols <= 200; cols += cols < 72 ? 1 : 13) {
+        for (int extreme = 0; extreme < 2; extreme++) {
+            const size_t rows = 16;
+            uint16_t *w = malloc(rows * cols * sizeof *w);
+            float *x = malloc(cols * sizeof *x), *got = malloc(rows * sizeof *got);
+            double *xs = malloc(cols * sizeof *xs);
+            if (!w || !x || !got || !xs) abort();
+            for (size_t i = 0; i < rows * cols; i++)
+                w[i] = extreme && rng_next(&seed) % 2 ? wv[rng_next(&seed) % (sizeof wv / sizeof wv[0])] : rnd_bf16(&seed);
+            for (size_t c = 0; c < cols; c++) {
+                x[c] = extreme && rng_next(&seed) % 3 == 0 ? xv[rng_next(&seed) % (sizeof xv / sizeof xv[0])] : rnd_float(&seed);
+                xs[c] = (double)x[c] * K3_BF16_XS_SCALE;
+            }
+            for (size_t v = 0; v < sizeof var / sizeof var[0]; v++) {
+                if (var[v].vbmi && !vbmi) continue;
+                var[v].fn(w, xs, cols, got);
+                for (size_t r = 0; r < var[v].rows; r++) {
+                    const float ref = ref_dot(REF_BF16, w + r * cols, NULL, x, cols);
+                    CHECK(memcmp(&ref, &got[r], sizeof ref) == 0, "bf16 row kernel %s cols=%zu%s row %zu: %a, reference %a",
+                          var[v].name, cols, extreme ? " (extremes)" : "", r, got[r], ref);
+                }
+            }
+            free(w), free(x), free(got), free(xs);
+        }
+    }
+    (void)ts;
+#else
+    (void)ts;
+#endif
+}
+
 static void test_check_scales(void) {
     uint8_t packed[5 * 32] = {0}, scales[5 * 2];
     memset(scales, 127, sizeof scales);
@@ -818,6 +872,7 @@ int main(void) {
     test_dense(&ts, DTYPE_F32);
     test_dense(&ts, DTYPE_BF16);
     test_bf16_extremes(&ts);
+    test_bf16_row_variants(&ts);
     test_mxfp4_sizes(&ts);
     test_threads(&ts);
     test_batches(&ts);

@@ -144,16 +144,20 @@ int k3_cpu_has_vbmi(void) {
     return __builtin_cpu_supports("avx512vbmi");
 }
 
-/* The one-token 16-row bf16 kernel of the AVX-512 level for this CPU (both give the same bits;
- * tests/unit/test_kernels.c runs each against the scalar reference). AMD family 25 (0x19) with
- * AVX-512 is Zen 4 (Zen 3, the family's other cores, has none): there 512-bit shifts, shuffles and
- * FMAs each hold a 256-bit pipe for two cycles and the shift kernel is bound by them, so the one
- * that builds the doubles' bytes with vpermi2b (a shift per 32 weights instead of per 8) runs
- * (seventh session: 1 thread from memory 18.7 -> 24.8 GB/s). Everywhere else (Intel, Zen 5, where
- * it was measured) the shift kernel, k3_rows_bf16_xs16_avx512. K3_DECODE_BF16=shift or =bytes
- * overrides the rule (a measurement switch; bytes only where the CPU has AVX512-VBMI). */
+/* The one-token kernels of the AVX-512 level for this CPU (each pair gives the same bits;
+ * tests/unit/test_kernels.c runs every one against the scalar reference). AMD family 25 (0x19)
+ * with AVX-512 is Zen 4 (Zen 3, the family's other cores, has none): there 512-bit shifts,
+ * shuffles and FMAs each hold a 256-bit pipe for two cycles, a two-source permute competes with
+ * the FMAs, and the one-token kernels are bound by those pipes, not by memory, at 1 thread. So
+ * on Zen 4 (seventh session, docs/PERFORMANCE.md): bf16 16-row jobs build the doubles' bytes with
+ * vpermi2b (a shift per 32 weights instead of per 8: 1 thread from memory 18.7 -> 24.8 GB/s;
+ * needs AVX512-VBMI), MXFP4 looks the weights up with a one-source vpermw (29.5 -> 31.7
+ * GFLOP/s). Everywhere else (Intel, Zen 5, where they were measured) the shift kernel
+ * k3_rows_bf16_xs16_avx512 and vpermi2pd in k3_rows_mxfp4_xd_avx512. Measurement switches:
+ * K3_DECODE_BF16=shift|bytes (bytes only with VBMI), K3_DECODE_MXFP4=pd|words. */
 static k3_rows_bf16_xs_fn xs16_choice;
-static pthread_once_t xs16_once = PTHREAD_ONCE_INIT;
+static k3_rows_mxfp4_xd_fn mxxd_choice;
+static pthread_once_t choice_once = PTHREAD_ONCE_INIT;
 static int cpu_is_amd_family(unsigned family) {
     unsigned a, b, c, d;
     if (!__get_cpuid(0, &a, &b, &c, &d) || b != 0x68747541u || d != 0x69746e65u || c != 0x444d4163u) return 0;
@@ -161,17 +165,24 @@ static int cpu_is_amd_family(unsigned family) {
     unsigned base = (a >> 8) & 0xf, fam = base == 0xf ? base + ((a >> 20) & 0xff) : base;
     return fam == family;
 }
-static void xs16_pick(void) {
-    const int vbmi = k3_cpu_has_vbmi();
-    const char *e = getenv("K3_DECODE_BF16");
-    int bytes = vbmi && cpu_is_amd_family(0x19);
+static void choice_pick(void) {
+    const int vbmi = k3_cpu_has_vbmi(), zen4 = cpu_is_amd_family(0x19);
+    const char *e = getenv("K3_DECODE_BF16"), *m = getenv("K3_DECODE_MXFP4");
+    int bytes = vbmi && zen4, words = zen4;
     if (e && strcmp(e, "shift") == 0) bytes = 0;
     else if (e && strcmp(e, "bytes") == 0) bytes = vbmi;
+    if (m && strcmp(m, "pd") == 0) words = 0;
+    else if (m && strcmp(m, "words") == 0) words = 1;
     xs16_choice = bytes ? k3_rows_bf16_xsb16_avx512 : k3_rows_bf16_xs16_avx512;
+    mxxd_choice = words ? k3_rows_mxfp4_xdw_avx512 : k3_rows_mxfp4_xd_avx512;
 }
 static k3_rows_bf16_xs_fn bf16_xs16_for_cpu(void) {
-    pthread_once(&xs16_once, xs16_pick);
+    pthread_once(&choice_once, choice_pick);
     return xs16_choice;
+}
+static k3_rows_mxfp4_xd_fn mxfp4_xd_for_cpu(void) {
+    pthread_once(&choice_once, choice_pick);
+    return mxxd_choice;
 }
 #endif
 
@@ -190,7 +201,7 @@ static rowblock_fns rowblock_for(const kernels *k) {
     if (k->dot_mxfp4 == k3_dot_mxfp4_avx512) {
         b.mxfp4 = k3_rows_mxfp4_avx512;
         b.mxfp4_x2 = k3_rows_mxfp4_x2_avx512;
-        b.mxfp4_xd = k3_rows_mxfp4_xd_avx512;
+        b.mxfp4_xd = mxfp4_xd_for_cpu();
     }
     if (k->dot_mxfp4 == k3_dot_mxfp4_avx2) b.mxfp4 = k3_rows_mxfp4_avx2;
     if (k->dot_f32 == k3_dot_f32_avx2) b.f32 = k3_rows_f32_avx2;

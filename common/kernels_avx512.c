@@ -612,6 +612,69 @@ void k3_rows_mxfp4_xd_avx512(const uint8_t *packed, const uint8_t *scales, const
     mxfp4_rows8(packed, scales, NULL, xd, n, out);
 }
 
+/* The same 8 rows with a one-source lookup (k3_rows_mxfp4_xdw_avx512): the double
+ * E2M1[c] * 2^(s-127) has only its top 16 bits non-zero (at most 2 significant bits: the
+ * mantissa's bit 51 at most), so a zero-masked vpermw putting word mxfp4_topw[s][c] into word 3
+ * of each qword builds it; the table (256 scales x 32 words, 16 KiB) holds the 16 codes twice,
+ * since the index is bits 48..52 of the qword and bit 52 is the next nibble. The index of lane l
+ * is its nibble shifted LEFT to bits 48..51: vpsllvq by 48 - 4l of the block's first 8 bytes
+ * broadcast as a qword (elements 0..7), of bytes 4..7 broadcast as a dword (8..15), and the same
+ * for bytes 8..15. Per 8 weights a shift, a vpermw and an FMA, as shift + vpermi2pd + FMA in
+ * mxfp4_rows8, but a one-source permute: on Zen 4, where a 512-bit two-source permute competes
+ * with the FMAs for their pipe (12 FMAs + 12 vpermi2pd take ~20.5 cycles, + 12 vpermw ~16-18),
+ * measured 2026-12-01 (bench/decode_zen4/harness.c, 16 of 48 rw6-shaped experts from memory, one
+ * token, 1 thread, best / median of 9 alternated calls): 29.5 / 28.6 -> 31.7 / 29.9 GFLOP/s;
+ * 64 rows in L2 29.3 / 28.2 -> 31.9 / 30.3. The same doubles in the same FMAs: the same bits. */
+static uint16_t mxfp4_topw[256][32] __attribute__((aligned(64)));
+static pthread_once_t mxfp4_topw_once = PTHREAD_ONCE_INIT;
+static void mxfp4_topw_init(void) {
+    pthread_once(&mxfp4_tab_once, mxfp4_tab_init);
+    for (unsigned s = 0; s < 256; s++)
+        for (unsigned c = 0; c < 32; c++) {
+            uint64_t u;
+            memcpy(&u, &mxfp4_tab[s][c & 15], sizeof u); /* low 48 bits zero (see above) */
+            mxfp4_topw[s][c] = (uint16_t)(u >> 48);
+        }
+}
+static inline __m512d mxfp4_w16(__m512i idx, __m512i tw) {
+    return _mm512_castsi512_pd(_mm512_maskz_permutexvar_epi16((__mmask32)0x88888888u, idx, tw));
+}
+void k3_rows_mxfp4_xdw_avx512(const uint8_t *packed, const uint8_t *scales, const double *xd, size_t n, float *out) {
+    pthread_once(&mxfp4_topw_once, mxfp4_topw_init);
+    const size_t pr = n / 2, sr = n / 32, nb = n / 32; /* row strides; blocks per row */
+    const __m512i sl = _mm512_setr_epi64(48, 44, 40, 36, 32, 28, 24, 20);
+    K3_ACC_DECL;
+    for (size_t b = 0; b < nb; b++) {
+        const uint8_t *p = packed + b * 16;
+        if (K3_MX_NEXT) mxfp4_prefetch_next(packed, scales, pr, sr, nb, b);
+        const double *xb = xd + b * 32;
+        const __m512d x0 = _mm512_loadu_pd(xb), x1 = _mm512_loadu_pd(xb + 8), x2 = _mm512_loadu_pd(xb + 16),
+                      x3 = _mm512_loadu_pd(xb + 24);
+#define K3_MXW_ROW(a, r)                                                                                    \
+    do {                                                                                                    \
+        const uint8_t *q_ = p + (r) * pr;                                                                   \
+        const __m512i tw_ = _mm512_load_si512((const void *)mxfp4_topw[scales[(r) * sr + b]]);              \
+        uint64_t w0_, w1_;                                                                                  \
+        uint32_t h0_, h1_;                                                                                  \
+        memcpy(&w0_, q_, 8), memcpy(&h0_, q_ + 4, 4), memcpy(&w1_, q_ + 8, 8), memcpy(&h1_, q_ + 12, 4);    \
+        a = fma8(a, mxfp4_w16(_mm512_sllv_epi64(_mm512_set1_epi64((long long)w0_), sl), tw_), x0);          \
+        a = fma8(a, mxfp4_w16(_mm512_sllv_epi64(_mm512_set1_epi32((int)h0_), sl), tw_), x1);                \
+        a = fma8(a, mxfp4_w16(_mm512_sllv_epi64(_mm512_set1_epi64((long long)w1_), sl), tw_), x2);          \
+        a = fma8(a, mxfp4_w16(_mm512_sllv_epi64(_mm512_set1_epi32((int)h1_), sl), tw_), x3);                \
+    } while (0)
+        K3_MXW_ROW(a0, 0);
+        K3_MXW_ROW(a1, 1);
+        K3_MXW_ROW(a2, 2);
+        K3_MXW_ROW(a3, 3);
+        K3_MXW_ROW(a4, 4);
+        K3_MXW_ROW(a5, 5);
+        K3_MXW_ROW(a6, 6);
+        K3_MXW_ROW(a7, 7);
+#undef K3_MXW_ROW
+    }
+    K3_ACC_OUT(out, a0, a1, a2, a3, a4, a5, a6, a7);
+}
+
 /* 4 rows x 2 tokens (x and x + n): each decoded weight vector serves both tokens;
  * out[j] token 0 of row j, out[8 + j] token 1. The 8-row _x2 kernel runs it twice. */
 typedef struct {

@@ -40,6 +40,8 @@ void k3_rows_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, const fl
 /* x given in double (xd[i] == (double)x[i]): the bits of k3_rows_mxfp4_avx512 */
 typedef void (*k3_rows_mxfp4_xd_fn)(const uint8_t *packed, const uint8_t *scales, const double *xd, size_t n, float *out);
 void k3_rows_mxfp4_xd_avx512(const uint8_t *packed, const uint8_t *scales, const double *xd, size_t n, float *out);
+/* the same bits with a one-source lookup (vpermw of the doubles' top words); chosen on AMD Zen 4 */
+void k3_rows_mxfp4_xdw_avx512(const uint8_t *packed, const uint8_t *scales, const double *xd, size_t n, float *out);
 void k3_rows_bf16_x2_avx512(const uint16_t *w, const float *x, size_t n, float *out);
 /* x given in double and scaled: xs[i] == (double)x[i] * 2^896 (K3_BF16_XS_SCALE; exact, finite
  * for every finite float): the bits of k3_rows_bf16_avx512 for finite weights (the only ones a

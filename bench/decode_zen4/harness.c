@@ -410,8 +410,63 @@ MX_ROWS(mx8_srlv_nopf, 8, 0, 0)
  * nibble l and byte 4 = nibble l + 8 (from a broadcast word); vpermi2pd reads bits 0..3, so the
  * second index is that vector shifted by 32 - the same count as srlv. (not built: on paper) */
 
+/* MXFP4 with a one-source lookup: the doubles of E2M1 * 2^(s-127) have only their top 16 bits
+ * non-zero, so vpermw (zero-masked to word 3 of each qword) of a 32-word table (16 codes,
+ * twice: the index's bit 4 is the next nibble) builds them; the index of lane l is the nibble
+ * shifted LEFT to bits 48..51 (vpsllvq by 48 - 4l of a 64-bit broadcast for elements 0..7, of
+ * a 32-bit broadcast for 8..15) */
+static uint16_t topw[256][32] __attribute__((aligned(64)));
+static void topw_init(void) {
+    for (unsigned s = 0; s < 256; s++)
+        for (unsigned c = 0; c < 32; c++) {
+            double v = tab[s][c & 15];
+            uint64_t u;
+            memcpy(&u, &v, 8);
+            if (u & 0xffffffffffffull) abort();
+            topw[s][c] = (uint16_t)(u >> 48);
+        }
+}
+#define MXW_ROWS(NAME, R, NEXT)                                                                              \
+    static void NAME(const uint8_t *packed, const uint8_t *scales, const double *xd, size_t n, float *out) { \
+        const size_t pr = n / 2, sr = n / 32, nb = n / 32;                                                   \
+        const __m512i sl = _mm512_setr_epi64(48, 44, 40, 36, 32, 28, 24, 20);                               \
+        __m512d a[R];                                                                                        \
+        _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) a[r] = _mm512_setzero_pd();                     \
+        for (size_t b = 0; b < nb; b++) {                                                                    \
+            const uint8_t *p = packed + b * 16;                                                              \
+            if (NEXT) {                                                                                      \
+                const char *q = (const char *)packed + (size_t)R * pr + b * ((size_t)R * pr / nb);          \
+                for (size_t o = 0; o < (size_t)R * pr / nb; o += 64) _mm_prefetch(q + o, _MM_HINT_T1);       \
+                if (b == 0)                                                                                  \
+                    for (size_t o = 0; o < (size_t)R * sr; o += 64)                                          \
+                        _mm_prefetch((const char *)scales + (size_t)R * sr + o, _MM_HINT_T1);                \
+            }                                                                                                \
+            const double *xb = xd + b * 32;                                                                  \
+            _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) {                                           \
+                const __m512i tw = _mm512_load_si512((const void *)topw[scales[r * sr + b]]);                \
+                const uint8_t *pp = p + r * pr;                                                              \
+                uint64_t q0, q1; uint32_t d0, d1;                                                            \
+                memcpy(&q0, pp, 8), memcpy(&d0, pp + 4, 4), memcpy(&q1, pp + 8, 8), memcpy(&d1, pp + 12, 4); \
+                const __m512i i0 = _mm512_sllv_epi64(_mm512_set1_epi64((long long)q0), sl);                  \
+                const __m512i i1 = _mm512_sllv_epi64(_mm512_set1_epi32((int)d0), sl);                        \
+                const __m512i i2 = _mm512_sllv_epi64(_mm512_set1_epi64((long long)q1), sl);                  \
+                const __m512i i3 = _mm512_sllv_epi64(_mm512_set1_epi32((int)d1), sl);                        \
+                a[r] = _mm512_fmadd_pd(_mm512_castsi512_pd(_mm512_maskz_permutexvar_epi16(0x88888888u, i0, tw)), _mm512_loadu_pd(xb), a[r]); \
+                a[r] = _mm512_fmadd_pd(_mm512_castsi512_pd(_mm512_maskz_permutexvar_epi16(0x88888888u, i1, tw)), _mm512_loadu_pd(xb + 8), a[r]); \
+                a[r] = _mm512_fmadd_pd(_mm512_castsi512_pd(_mm512_maskz_permutexvar_epi16(0x88888888u, i2, tw)), _mm512_loadu_pd(xb + 16), a[r]); \
+                a[r] = _mm512_fmadd_pd(_mm512_castsi512_pd(_mm512_maskz_permutexvar_epi16(0x88888888u, i3, tw)), _mm512_loadu_pd(xb + 24), a[r]); \
+            }                                                                                                \
+        }                                                                                                    \
+        _Pragma("GCC unroll 16") for (int r = 0; r < R; r++) out[r] = red8(a[r]);                            \
+    }
+MXW_ROWS(mxw8, 8, 1)
+MXW_ROWS(mxw16, 16, 1)
+
 static void lib_mx(const uint8_t *p, const uint8_t *s, const double *xd, size_t n, float *o) {
     k3_rows_mxfp4_xd_avx512(p, s, xd, n, o);
+}
+static void lib_mxw(const uint8_t *p, const uint8_t *s, const double *xd, size_t n, float *o) {
+    k3_rows_mxfp4_xdw_avx512(p, s, xd, n, o);
 }
 typedef struct {
     const char *name;
@@ -423,10 +478,11 @@ static void avx2_mx_stub(const uint8_t *p, const uint8_t *s, const double *xd, s
     (void)p, (void)s, (void)xd, (void)n, (void)o;
 }
 static const mx_var MX[] = {
-    {"lib mxfp4_xd 8", lib_mx, NULL, 8},        {"lib avx2 8 (x float)", avx2_mx_stub, (const void *)k3_rows_mxfp4_avx2, 8},
+    {"lib mxfp4_xd 8", lib_mx, NULL, 8},        {"lib mxfp4_xdw 8 (words)", lib_mxw, NULL, 8},        {"lib avx2 8 (x float)", avx2_mx_stub, (const void *)k3_rows_mxfp4_avx2, 8},
     {"mx8 srlv next", mx8_srlv, NULL, 8},       {"mx8 multishift next", mx8_ms, NULL, 8},
     {"mx4 srlv next", mx4_srlv, NULL, 4},       {"mx16 srlv next", mx16_srlv, NULL, 16},
     {"mx16 multishift next", mx16_ms, NULL, 16}, {"mx8 srlv no prefetch", mx8_srlv_nopf, NULL, 8},
+    {"mxw8 sllv+vpermw", mxw8, NULL, 8}, {"mxw16 sllv+vpermw", mxw16, NULL, 16},
 };
 #define NMX (sizeof MX / sizeof MX[0])
 
@@ -454,6 +510,7 @@ static void mx_call(const mx_var *v, const mxm *m, size_t nm, const float *const
 
 static void bench_mx(int reps, int l2) {
     tab_init();
+    topw_init();
     enum { NE = 48, PER = 16 };
     const size_t d = 7168 / 2, f = 3072; /* rw6: hidden 7168? expert w1/w3 3072 x 3584 (rows x cols), w2 3584 x 3072 */
     (void)d;
@@ -466,7 +523,11 @@ static void bench_mx(int reps, int l2) {
         m[e].p = weight_mem_alloc(rows * cols / 2 + rows * cols / 32);
         m[e].s = m[e].p + rows * cols / 2;
         uint64_t sd = e + 7;
-        for (size_t i = 0; i < rows * cols / 2; i++) m[e].p[i] = (uint8_t)rng(&sd);
+#pragma omp parallel for schedule(static)
+        for (size_t i = 0; i < rows * cols / 2; i += 8) {
+            uint64_t t = (e + 1) * 0x9e3779b97f4a7c15ull ^ i, r = rng(&t);
+            memcpy(m[e].p + i, &r, 8);
+        }
         for (size_t i = 0; i < rows * cols / 32; i++) m[e].s[i] = (uint8_t)(110 + rng(&sd) % 30);
     }
     float *xa = aligned_alloc(64, 3584 * 4), *xb = aligned_alloc(64, 3584 * 4);

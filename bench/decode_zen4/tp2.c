@@ -15,6 +15,7 @@ int main(void){
   { long x=1; double t0=now(); for (long i=0;i<N*4;i++) __asm__ volatile("add $1, %0\n add $1, %0\n add $1, %0\n add $1, %0":"+r"(x)); double t=now()-t0; ghz = N*16.0/t/1e9; printf("clock ~%.2f GHz\n", ghz); }
   const __m512d d = _mm512_set1_pd(1.0000001), e=_mm512_set1_pd(1e-300);
   const __m512i sh=_mm512_setr_epi64(0,4,8,12,16,20,24,28); const __m512d tab=_mm512_set1_pd(1.0);
+  static double mbuf[256] __attribute__((aligned(64))); for (int k=0;k<256;k++) mbuf[k]=1e-300*k; const double *mp = mbuf;
   const __m512i keep = _mm512_set1_epi64((long long)0x8fffffffffffffffull);
 #define FM(f) f=_mm512_fmadd_pd(f,d,e);
 #define PI(i) i=_mm512_castpd_si512(_mm512_permutex2var_pd(tab,i,tab));
@@ -25,6 +26,9 @@ int main(void){
 #define SB(i) i=_mm512_shuffle_epi8(i,sh);
 #define MS(i) i=_mm512_multishift_epi64_epi8(sh,i);
 #define PB(i) i=_mm512_permutexvar_epi8(sh,i);
+#define RV(i) i=_mm512_rolv_epi64(i,sh);
+#define FMM(f) f=_mm512_fmadd_pd(f,d,_mm512_loadu_pd(mp + 8*(__COUNTER__ % 12)));
+#define PIM(i) i=_mm512_castpd_si512(_mm512_permutex2var_pd(tab,i,_mm512_loadu_pd(mp + 96 + 8*(__COUNTER__ % 12))));
 #define PQ(i) i=_mm512_permutex2var_epi64(sh,i,sh);
 #define P2B(i) i=_mm512_maskz_permutex2var_epi8(0xE0E0E0E0E0E0E0E0ull,sh,i,keep);
 #define SW(i) i=_mm512_slli_epi16(i,5);
@@ -48,6 +52,18 @@ int main(void){
   RUN("6 shufb + 6 permi2pd", 12, HALF(SB, i) HALF2(PI, i))
   RUN("6 mshift + 6 permi2pd", 12, HALF(MS, i) HALF2(PI, i))
   RUN("6 permb + 6 permi2pd", 12, HALF(PB, i) HALF2(PI, i))
+  RUN("12 fma(mem) + 12 permi2pd", 24, __asm__ volatile("" : "+r"(mp)); ALL12(FMM, f) ALL12(PI, i))
+  RUN("12 fma(mem) + 12 permi2pd(mem)", 24, __asm__ volatile("" : "+r"(mp)); ALL12(FMM, f) ALL12(PIM, i))
+  RUN("12 srlv + 12 permi2pd + 12 fma(mem)", 36, __asm__ volatile("" : "+r"(mp)); ALL12(SV, i) ALL12(PI, i) ALL12(FMM, f))
+  RUN("12 srlv + 12 permi2pd(mem) + 12 fma(mem)", 36, __asm__ volatile("" : "+r"(mp)); ALL12(SV, i) ALL12(PIM, i) ALL12(FMM, f))
+  RUN("12 rolv", 12, ALL12(RV, i))
+  RUN("12 rolv + 12 fma", 24, ALL12(RV, i) ALL12(FM, f))
+  RUN("12 permw", 12, ALL12(PW, i))
+  RUN("6 rolv + 6 permw", 12, HALF(RV, i) HALF2(PW, i))
+  RUN("6 srlv + 6 permw", 12, HALF(SV, i) HALF2(PW, i))
+  RUN("12 srlv + 12 permw + 12 fma", 36, ALL12(SV, i) ALL12(PW, i) ALL12(FM, f))
+  RUN("12 rolv + 12 permw + 12 fma", 36, ALL12(RV, i) ALL12(PW, i) ALL12(FM, f))
+  RUN("12 rolv + 12 permw + 12 fma(mem)", 36, __asm__ volatile("" : "+r"(mp)); ALL12(RV, i) ALL12(PW, i) ALL12(FMM, f))
   RUN("12 permi2q", 12, ALL12(PQ, i))
   RUN("12 permi2b", 12, ALL12(P2B, i))
   RUN("12 fma + 12 permi2q", 24, ALL12(FM, f) ALL12(PQ, i))

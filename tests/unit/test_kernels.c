@@ -741,6 +741,51 @@ static void test_bf16_row_variants(tstate *ts) {
 #endif
 }
 
+/* Every one-token MXFP4 8-row kernel of the AVX-512 level called directly: x in float, x in
+ * double with the vpermi2pd table, x in double with the vpermw word table (Zen 4's), each row
+ * against the independent reference; random codes and scales, then every code with the scale
+ * bytes 0, 1, 127, 253 and 254 (the ends of the exponent range). */
+static void test_mxfp4_row_variants(tstate *ts) {
+#ifdef K3_HAVE_X86_KERNELS
+    if (!kernels_get(SIMD_AVX512)) {
+        printf("SKIP mxfp4 row variants: no AVX-512\n");
+        return;
+    }
+    static const uint8_t edge_scales[] = {0, 1, 127, 253, 254};
+    static const size_t cols_list[] = {32, 64, 96, 160, 320, 1056, 3072, 3584};
+    uint64_t seed = 23;
+    for (size_t ci = 0; ci < sizeof cols_list / sizeof cols_list[0]; ci++)
+        for (int edge = 0; edge < 2; edge++) {
+            const size_t cols = cols_list[ci], rows = 8;
+            uint8_t *packed = malloc(rows * cols / 2), *scales = malloc(rows * cols / 32);
+            float *x = malloc(cols * sizeof *x), *got = malloc(rows * sizeof *got);
+            double *xd = malloc(cols * sizeof *xd);
+            if (!packed || !scales || !x || !got || !xd) abort();
+            fill_mxfp4(&seed, packed, scales, rows, cols);
+            if (edge) {
+                for (size_t i = 0; i < rows * cols / 2; i++) packed[i] = (uint8_t)(i * 17 + (i >> 3)); /* every code, both nibbles */
+                for (size_t i = 0; i < rows * cols / 32; i++) scales[i] = edge_scales[i % sizeof edge_scales];
+            }
+            for (size_t c = 0; c < cols; c++) x[c] = rnd_float(&seed), xd[c] = (double)x[c];
+            for (int v = 0; v < 3; v++) {
+                static const char *names[3] = {"x float", "xd vpermi2pd", "xd vpermw"};
+                if (v == 0) k3_rows_mxfp4_avx512(packed, scales, x, cols, got);
+                else if (v == 1) k3_rows_mxfp4_xd_avx512(packed, scales, xd, cols, got);
+                else k3_rows_mxfp4_xdw_avx512(packed, scales, xd, cols, got);
+                for (size_t r = 0; r < rows; r++) {
+                    const float ref = ref_dot(REF_MXFP4, packed + r * cols / 2, scales + r * cols / 32, x, cols);
+                    CHECK(memcmp(&ref, &got[r], sizeof ref) == 0, "mxfp4 row kernel %s cols=%zu%s row %zu: %a, reference %a",
+                          names[v], cols, edge ? " (every code, edge scales)" : "", r, got[r], ref);
+                }
+            }
+            free(packed), free(scales), free(x), free(got), free(xd);
+        }
+    (void)ts;
+#else
+    (void)ts;
+#endif
+}
+
 static void test_check_scales(void) {
     uint8_t packed[5 * 32] = {0}, scales[5 * 2];
     memset(scales, 127, sizeof scales);
@@ -873,6 +918,7 @@ int main(void) {
     test_dense(&ts, DTYPE_BF16);
     test_bf16_extremes(&ts);
     test_bf16_row_variants(&ts);
+    test_mxfp4_row_variants(&ts);
     test_mxfp4_sizes(&ts);
     test_threads(&ts);
     test_batches(&ts);

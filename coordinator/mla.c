@@ -72,6 +72,23 @@ MLA_CLONES static void axpy_f32(double *ql, const float *wr, double qv, size_t k
     for (size_t cc = 0; cc < kr; cc++) ql[cc] += (double)wr[cc] * qv;
 }
 
+/* a[k][j] += q[cc][j] * c_k[cc] for cc < len, in order of cc, for the four rows c_0..c_3: four
+ * independent chains per head, each q column loaded once for them */
+static inline __attribute__((always_inline)) void dots4(const double *q, const float *c0, const float *c1,
+                                                        const float *c2, const float *c3, size_t len,
+                                                        double a[4][MLA_HB]) {
+    for (size_t cc = 0; cc < len; cc++) {
+        const double v0 = c0[cc], v1 = c1[cc], v2 = c2[cc], v3 = c3[cc], *qc = q + cc * MLA_HB;
+#pragma omp simd
+        for (size_t j = 0; j < MLA_HB; j++) {
+            a[0][j] += qc[j] * v0;
+            a[1][j] += qc[j] * v1;
+            a[2][j] += qc[j] * v2;
+            a[3][j] += qc[j] * v3;
+        }
+    }
+}
+
 /* p[ps][j] = (sum_cc qT[cc][j] * c_ps[cc] + sum_r qpeT[r][j] * c_ps[kr + r]) * scale, ps < n,
  * each sum in order */
 MLA_CLONES static void mla_scores(const double *qT, const double *qpeT, const float *cache, size_t row, size_t kr,
@@ -81,34 +98,11 @@ MLA_CLONES static void mla_scores(const double *qT, const double *qpeT, const fl
      * for them; every position's sums in the same order as one at a time */
     for (; ps + 4 <= n; ps += 4) {
         const float *c0 = cache + ps * row, *c1 = c0 + row, *c2 = c1 + row, *c3 = c2 + row;
-        double l0[MLA_HB], l1[MLA_HB], l2[MLA_HB], l3[MLA_HB], e0[MLA_HB], e1[MLA_HB], e2[MLA_HB], e3[MLA_HB];
-        for (size_t j = 0; j < MLA_HB; j++) l0[j] = l1[j] = l2[j] = l3[j] = e0[j] = e1[j] = e2[j] = e3[j] = 0;
-        for (size_t cc = 0; cc < kr; cc++) {
-            const double v0 = c0[cc], v1 = c1[cc], v2 = c2[cc], v3 = c3[cc], *qc = qT + cc * MLA_HB;
-#pragma omp simd
-            for (size_t j = 0; j < MLA_HB; j++) {
-                l0[j] += qc[j] * v0;
-                l1[j] += qc[j] * v1;
-                l2[j] += qc[j] * v2;
-                l3[j] += qc[j] * v3;
-            }
-        }
-        for (size_t r = 0; r < rope; r++) {
-            const double v0 = c0[kr + r], v1 = c1[kr + r], v2 = c2[kr + r], v3 = c3[kr + r], *qc = qpeT + r * MLA_HB;
-#pragma omp simd
-            for (size_t j = 0; j < MLA_HB; j++) {
-                e0[j] += qc[j] * v0;
-                e1[j] += qc[j] * v1;
-                e2[j] += qc[j] * v2;
-                e3[j] += qc[j] * v3;
-            }
-        }
-        for (size_t j = 0; j < MLA_HB; j++) {
-            p[ps * MLA_HB + j] = (l0[j] + e0[j]) * scale;
-            p[(ps + 1) * MLA_HB + j] = (l1[j] + e1[j]) * scale;
-            p[(ps + 2) * MLA_HB + j] = (l2[j] + e2[j]) * scale;
-            p[(ps + 3) * MLA_HB + j] = (l3[j] + e3[j]) * scale;
-        }
+        double l[4][MLA_HB] = {{0}}, e[4][MLA_HB] = {{0}};
+        dots4(qT, c0, c1, c2, c3, kr, l);
+        dots4(qpeT, c0 + kr, c1 + kr, c2 + kr, c3 + kr, rope, e);
+        for (size_t k = 0; k < 4; k++)
+            for (size_t j = 0; j < MLA_HB; j++) p[(ps + k) * MLA_HB + j] = (l[k][j] + e[k][j]) * scale;
     }
     for (; ps < n; ps++) {
         const float *cs = cache + ps * row;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# fresh_debian_check.sh [ROOT] [--test-deps]: the "set-up in one command" check on a fresh
+# fresh_debian_check.sh [ROOT] [--test-deps] [--make-test]: the "set-up in one command" check on a fresh
 # Debian 12 (not part of `make test`: it downloads ~300 MB and takes minutes; run as root).
 #   1. debootstrap --variant=minbase bookworm ROOT (default /work/chroot) unless it exists,
 #      then only gcc, make and git are added;
@@ -11,11 +11,15 @@
 #   4. as root `make demo` must install the missing packages and generate (exit 0);
 #   5. as the non-root user `make demo` then works too;
 #   6. with --test-deps: as root `scripts/ensure_deps.sh test` installs the test group, and a
-#      second run finds nothing missing.
+#      second run finds nothing missing;
+#   7. with --make-test: as root the README's `make test` (it installs the test group itself)
+#      must pass; ROOT is then bind-mounted onto itself and /dev and /sys bound inside, so that
+#      `ip netns exec` (t_90's two hosts) can remount / as it does on a machine (in a plain
+#      chroot "mount --make-rslave /" fails: / is no mount point there).
 # Each step prints PASS/FAIL; exit status 0 when all passed. Mounts are undone on exit.
 set -u
-R=/work/chroot; TESTDEPS=0
-for a in "$@"; do case $a in --test-deps) TESTDEPS=1 ;; *) R=$a ;; esac; done
+R=/work/chroot; TESTDEPS=0; MAKETEST=0
+for a in "$@"; do case $a in --test-deps) TESTDEPS=1 ;; --make-test) MAKETEST=1 ;; *) R=$a ;; esac; done
 REPO=$(cd "$(dirname "$0")/.." && pwd)
 GITDIR=$(cd "$REPO" && cd "$(git rev-parse --git-common-dir)" && pwd)   # works from a worktree too
 BRANCH=$(git -C "$REPO" rev-parse --abbrev-ref HEAD)                     # its committed state is tested
@@ -33,7 +37,10 @@ mounted=()
 mnt() { mount "$@" && mounted=("${@: -1}" "${mounted[@]}"); }
 cleanup() { for m in "${mounted[@]}"; do umount -l "$m" 2>/dev/null; done; }
 trap cleanup EXIT
+if [ $MAKETEST = 1 ]; then mnt --bind "$R" "$R" && mount --make-rslave "$R"; fi # no mount inside propagates out
 mnt -t proc proc "$R/proc"
+if [ $MAKETEST = 1 ]; then mkdir -p "$R/dev" "$R/sys"; mnt --rbind /dev "$R/dev" && mount --make-rslave "$R/dev"
+  mnt --rbind /sys "$R/sys" && mount --make-rslave "$R/sys"; fi
 mnt -t tmpfs -o mode=1777 shm "$R/dev/shm"
 mnt --bind "$GITDIR" "$R/src/k3" && mount -o remount,bind,ro "$R/src/k3"
 asroot() { chroot "$R" env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LANG=C.UTF-8 "$@"; }
@@ -79,6 +86,15 @@ if [ $TESTDEPS = 1 ]; then
     pass "root ensure_deps.sh test: installed in $(( $(date +%s)-start )) s"
   else bad "root ensure_deps.sh test"; tail -n 15 "$R/tmp/deps-test.log"; fi
   asuser sh -c 'cd /home/u/k3 && scripts/ensure_deps.sh test' && pass "non-root: test group complete" || bad "test group still missing"
+fi
+# 7. the README's test command
+if [ $MAKETEST = 1 ]; then
+  echo "== root: make test" >&2
+  start=$(date +%s)
+  if asroot sh -c 'cd /root/k3 && make test' >"$R/tmp/make-test.log" 2>&1; then
+    pass "root make test: $(grep -E '^[0-9]+/[0-9]+ passed' "$R/tmp/make-test.log") in $(( $(date +%s)-start )) s"
+  else bad "root make test"; grep -E '^FAIL|passed' "$R/tmp/make-test.log" | tail -n 15; fi
+  umount -l "$R/run/netns" 2>/dev/null # ip netns's own mount, if a test left it
 fi
 [ $fail -eq 0 ] && echo "fresh_debian_check: all passed" || echo "fresh_debian_check: $fail failed"
 [ $fail -eq 0 ]

@@ -241,7 +241,9 @@ static double *gemm_ws(void) {
     if (!gws_key_ok) return NULL;
     double *p = pthread_getspecific(gws_key);
     if (p) return p;
-    p = aligned_alloc(64, (k3_gemm_ws_doubles_avx512() * sizeof *p + 63) & ~(size_t)63);
+    const size_t bytes = (k3_gemm_ws_doubles_avx512() * sizeof *p + 63) & ~(size_t)63;
+    p = aligned_alloc(64, bytes);
+    if (p) memset(p, 0, bytes); /* its pages in now (matmul_reserve_gemm), not in the first prefill */
     if (p && pthread_setspecific(gws_key, p)) {
         free(p);
         p = NULL;

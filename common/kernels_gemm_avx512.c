@@ -66,7 +66,7 @@
 #define WS_ACC ((size_t)NP * TB * 8)
 #define WS_XD ((size_t)TB * KC)
 #define WS_WD ((size_t)NS * KC)
-size_t k3_gemm_ws_doubles_avx512(void) { return WS_ACC + WS_XD + WS_WD; }
+size_t k3_gemm_ws_doubles_avx512(void) { return WS_ACC + WS_XD + 2 * WS_WD; }
 
 typedef enum { W_F32, W_BF16, W_MXFP4 } wkind;
 
@@ -133,55 +133,6 @@ static inline __attribute__((always_inline)) void token_group(const int R, const
         for (int t = 0; t < T; t += MT)
             micro_any(rr, T - t < MT ? T - t : MT, kc, wd + r * kc, xd + (size_t)t * kc, nk8, acc + (r * TB + (size_t)t) * 8);
     }
-}
-
-/* Where a token block's activations come from when token_groups converts them itself
- * (the first sub-tile of a column block): x of the block's first token, the row length,
- * the column block (k0, kn, kn8) and whether the next one exists (prefetch). */
-typedef struct {
-    const float *x;
-    size_t cols, k0, kn, kn8;
-    int pf;
-} x_source;
-static void pack_x(const float *x, size_t cols, size_t nt, size_t k0, size_t kn, size_t kn8, int pf, size_t kc,
-                   double *xd);
-
-/* The nt tokens of a block against a sub-tile: groups of 6 tokens (4 rows each: 24
- * chains); the last 1-5 tokens in a shape that still keeps 16-24 chains: 7 or 8
- * tokens (the last 6 and 1-2 more) at 3 rows, 3-4 at 6 rows, 5 at 4, 1-2 (a block of
- * fewer than 6) at 8 rows. With xs, each group's slice of xd is converted just before
- * the group's first micro-kernel (it is then in L1 for them, and the conversion's
- * stores overlap the FMAs around it instead of running as a pass of their own). */
-static inline __attribute__((always_inline)) void token_groups_kc(const size_t kc, size_t nt, size_t ns,
-                                                                  const double *wd, double *xd, size_t nk8,
-                                                                  double *acc, const x_source *xs) {
-    const size_t q = nt / MT, rem = nt % MT;
-    const size_t nfull = (rem == 1 || rem == 2) && q > 0 ? q - 1 : q;
-    size_t t = 0;
-    for (size_t g = 0; g < nfull; g++, t += MT) {
-        if (xs) pack_x(xs->x + t * xs->cols, xs->cols, MT, xs->k0, xs->kn, xs->kn8, xs->pf, kc, xd + t * kc);
-        token_group(MR, MT, kc, ns, wd, xd + t * kc, nk8, acc + t * 8);
-    }
-    if (xs && nt > t) pack_x(xs->x + t * xs->cols, xs->cols, nt - t, xs->k0, xs->kn, xs->kn8, xs->pf, kc, xd + t * kc);
-    xd += t * kc;
-    acc += t * 8;
-    switch (nt - t) {
-    case 0: break;
-    case 8: token_group(3, 8, kc, ns, wd, xd, nk8, acc); break;
-    case 7: token_group(3, 7, kc, ns, wd, xd, nk8, acc); break;
-    case 5: token_group(4, 5, kc, ns, wd, xd, nk8, acc); break;
-    case 4: token_group(6, 4, kc, ns, wd, xd, nk8, acc); break;
-    case 3: token_group(6, 3, kc, ns, wd, xd, nk8, acc); break;
-    case 2: token_group(8, 2, kc, ns, wd, xd, nk8, acc); break;
-    default: token_group(8, 1, kc, ns, wd, xd, nk8, acc); break;
-    }
-}
-
-/* token_groups_kc for a column block of kc (KC or KC_SMALL) columns: xd and wd rows kc apart */
-static void token_groups(size_t kc, size_t nt, size_t ns, const double *wd, double *xd, size_t nk8, double *acc,
-                         const x_source *xs) {
-    if (kc == KC) token_groups_kc(KC, nt, ns, wd, xd, nk8, acc, xs);
-    else token_groups_kc(KC_SMALL, nt, ns, wd, xd, nk8, acc, xs);
 }
 
 #ifndef PF_HINT
@@ -260,30 +211,119 @@ static inline __attribute__((always_inline)) void pack_w(wkind kind, const void 
     }
 }
 
+/* Where a token block's activations come from when token_groups converts them itself
+ * (the first sub-tile of a column block): x of the block's first token, the row length,
+ * the column block (k0, kn, kn8) and whether the next one exists (prefetch). */
+typedef struct {
+    const float *x;
+    size_t cols, k0, kn, kn8;
+    int pf;
+} x_source;
+
+/* The next sub-tile's weights, decoded row by row between the current sub-tile's token
+ * groups (software-pipelined: the decode's loads and stores interleave with the FMAs
+ * instead of running as a burst): rows r0 .. r0+ns of W, column block k0/kn/kn8/pf, into wd. */
+typedef struct {
+    const void *w;
+    const uint8_t *scales;
+    size_t cols, r0, ns, k0, kn, kn8;
+    int pf;
+    double *wd;
+} w_next;
+
+/* The nt tokens of a block against a sub-tile: groups of 6 tokens (4 rows each: 24
+ * chains); the last 1-5 tokens in a shape that still keeps 16-24 chains: 7 or 8
+ * tokens (the last 6 and 1-2 more) at 3 rows, 3-4 at 6 rows, 5 at 4, 1-2 (a block of
+ * fewer than 6) at 8 rows. With xs, each group's slice of xd is converted just before
+ * the group's first micro-kernel (it is then in L1 for them, and the conversion's
+ * stores overlap the FMAs around it instead of running as a pass of their own). */
+static inline __attribute__((always_inline)) void token_groups_kc(const wkind kind, const size_t kc, size_t nt,
+                                                                  size_t ns, const double *wd, double *xd, size_t nk8,
+                                                                  double *acc, const x_source *xs, const w_next *wn) {
+    const size_t q = nt / MT, rem = nt % MT;
+    const size_t nfull = (rem == 1 || rem == 2) && q > 0 ? q - 1 : q;
+    /* the next sub-tile's rows: per of them after each of the groups (the last group takes the rest) */
+    const size_t ngr = nfull + (nt > nfull * MT), per = wn ? (wn->ns + ngr - 1) / ngr : 0;
+    size_t done = 0;
+    size_t t = 0;
+    for (size_t g = 0; g < nfull; g++, t += MT) {
+        if (xs) pack_x(xs->x + t * xs->cols, xs->cols, MT, xs->k0, xs->kn, xs->kn8, xs->pf, kc, xd + t * kc);
+        token_group(MR, MT, kc, ns, wd, xd + t * kc, nk8, acc + t * 8);
+        if (wn && done < wn->ns) {
+            const size_t n = wn->ns - done < per ? wn->ns - done : per;
+            pack_w(kind, wn->w, wn->scales, wn->cols, wn->r0 + done, n, wn->k0, wn->kn, wn->kn8, wn->pf, kc,
+                   wn->wd + done * kc);
+            done += n;
+        }
+    }
+    if (xs && nt > t) pack_x(xs->x + t * xs->cols, xs->cols, nt - t, xs->k0, xs->kn, xs->kn8, xs->pf, kc, xd + t * kc);
+    xd += t * kc;
+    acc += t * 8;
+    switch (nt - t) {
+    case 0: break;
+    case 8: token_group(3, 8, kc, ns, wd, xd, nk8, acc); break;
+    case 7: token_group(3, 7, kc, ns, wd, xd, nk8, acc); break;
+    case 5: token_group(4, 5, kc, ns, wd, xd, nk8, acc); break;
+    case 4: token_group(6, 4, kc, ns, wd, xd, nk8, acc); break;
+    case 3: token_group(6, 3, kc, ns, wd, xd, nk8, acc); break;
+    case 2: token_group(8, 2, kc, ns, wd, xd, nk8, acc); break;
+    default: token_group(8, 1, kc, ns, wd, xd, nk8, acc); break;
+    }
+    if (wn && done < wn->ns)
+        pack_w(kind, wn->w, wn->scales, wn->cols, wn->r0 + done, wn->ns - done, wn->k0, wn->kn, wn->kn8, wn->pf, kc,
+               wn->wd + done * kc);
+}
+
+/* token_groups_kc for a column block of kc (KC or KC_SMALL) columns: xd and wd rows kc apart */
+static inline __attribute__((always_inline)) void token_groups(const wkind kind, size_t kc, size_t nt, size_t ns,
+                                                               const double *wd, double *xd, size_t nk8, double *acc,
+                                                               const x_source *xs, const w_next *wn) {
+    if (kc == KC) token_groups_kc(kind, KC, nt, ns, wd, xd, nk8, acc, xs, wn);
+    else token_groups_kc(kind, KC_SMALL, nt, ns, wd, xd, nk8, acc, xs, wn);
+}
+
 /* Rows r0 .. r0+nr (nr <= NP) x all tokens. Per token block (at most TB tokens, the
  * blocks of one call balanced), per column block: the block's activations decoded once
  * (xd, for all nr rows), then per sub-tile of NS rows its weights decoded once (wd, for
- * all the block's tokens) and the micro-kernels run token group by token group (xd's
- * 6-token slice and wd stay in L1; the accumulators of the panel, NP x TB x 8 doubles,
- * live in L2 between column blocks). */
+ * all the block's tokens; the next sub-tile's, into the other of two wd buffers, while
+ * the current one's micro-kernels run) and the micro-kernels run token group by token
+ * group (xd's 6-token slice and wd stay in L1; the accumulators of the panel, NP x TB x 8
+ * doubles, live in L2 between column blocks). */
 static inline __attribute__((always_inline)) void gemm_tile(wkind kind, const void *w, const uint8_t *scales,
                                                             size_t rows, size_t cols, size_t r0, size_t nr,
                                                             const float *x, size_t ntok, float *y, double *ws) {
-    double *const acc = ws, *const xd = acc + WS_ACC, *const wd = xd + WS_XD;
+    double *const acc = ws, *const xd = acc + WS_ACC, *const wdb[2] = {xd + WS_XD, xd + WS_XD + WS_WD};
     const size_t nblk = (ntok + TB - 1) / TB;
     const size_t tb = (ntok + nblk - 1) / nblk; /* <= TB; the last block is at most nblk - 1 tokens short */
     for (size_t t0 = 0; t0 < ntok; t0 += tb) {
         const size_t nt = ntok - t0 < tb ? ntok - t0 : tb;
         for (size_t r = 0; r < nr; r++) memset(acc + r * TB * 8, 0, nt * 8 * sizeof *acc); /* the block's tokens only */
         const size_t kc = nt < KC_SMALL_TOK ? KC_SMALL : KC;
+        int cur = 0;
+        {
+            const size_t kn = cols < kc ? cols : kc, kn8 = (kn + 7) & ~(size_t)7;
+            pack_w(kind, w, scales, cols, r0, nr < NS ? nr : NS, 0, kn, kn8, kc < cols, kc, wdb[0]);
+        }
         for (size_t k0 = 0; k0 < cols; k0 += kc) {
             const size_t kn = cols - k0 < kc ? cols - k0 : kc, kn8 = (kn + 7) & ~(size_t)7;
             const int pf = k0 + kc < cols;
             const x_source xs = {x + t0 * cols, cols, k0, kn, kn8, pf};
             for (size_t s0 = 0; s0 < nr; s0 += NS) {
                 const size_t ns = nr - s0 < NS ? nr - s0 : NS;
-                pack_w(kind, w, scales, cols, r0 + s0, ns, k0, kn, kn8, pf, kc, wd);
-                token_groups(kc, nt, ns, wd, xd, kn8 / 8, acc + s0 * TB * 8, s0 == 0 ? &xs : NULL);
+                /* the sub-tile after this one: the next NS rows, or the next column block's first */
+                w_next wn = {w, scales, cols, r0 + s0 + NS, 0, k0, kn, kn8, pf, wdb[cur ^ 1]};
+                if (s0 + NS < nr) wn.ns = nr - s0 - NS < NS ? nr - s0 - NS : NS;
+                else if (pf) {
+                    wn.r0 = r0;
+                    wn.ns = nr < NS ? nr : NS;
+                    wn.k0 = k0 + kc;
+                    wn.kn = cols - wn.k0 < kc ? cols - wn.k0 : kc;
+                    wn.kn8 = (wn.kn + 7) & ~(size_t)7;
+                    wn.pf = wn.k0 + kc < cols;
+                }
+                token_groups(kind, kc, nt, ns, wdb[cur], xd, kn8 / 8, acc + s0 * TB * 8, s0 == 0 ? &xs : NULL,
+                             wn.ns ? &wn : NULL);
+                cur ^= 1;
             }
         }
         for (size_t t = 0; t < nt; t++)

@@ -51,12 +51,8 @@
 #ifndef KC
 #define KC 256 /* columns per column block (multiple of 32: whole MXFP4 blocks) */
 #endif
-#ifndef KC_SMALL
-#define KC_SMALL 128 /* ... for a token block of fewer than KC_SMALL_TOK tokens (its xd and wd then fit L1 together) */
-#endif
-#define KC_SMALL_TOK 32
 
-#if NP % NS != 0 || NS % 12 != 0 || TB % MT != 0 || KC % 32 != 0 || KC_SMALL % 32 != 0 || KC_SMALL > KC
+#if NP % NS != 0 || NS % 12 != 0 || TB % MT != 0 || KC % 32 != 0
 #error "bad gemm blocking"
 #endif
 
@@ -66,7 +62,7 @@
 #define WS_ACC ((size_t)NP * TB * 8)
 #define WS_XD ((size_t)TB * KC)
 #define WS_WD ((size_t)NS * KC)
-size_t k3_gemm_ws_doubles_avx512(void) { return WS_ACC + WS_XD + 2 * WS_WD; }
+size_t k3_gemm_ws_doubles_avx512(void) { return WS_ACC + WS_XD + WS_WD; }
 
 typedef enum { W_F32, W_BF16, W_MXFP4 } wkind;
 
@@ -74,8 +70,18 @@ typedef enum { W_F32, W_BF16, W_MXFP4 } wkind;
  * and T tokens (acc rows TB tokens apart); R x T chains + R weights + 1 activation
  * must fit the 32 registers (the shapes used: 4x6, 3x7, 3x8, 6x3, 6x4, 4x5, 8x2, 8x1,
  * and up to 4x6 for a sub-tile's partial row group). */
-static inline __attribute__((always_inline)) void micro(const int R, const int T, const size_t kc, const double *wd,
-                                                        const double *xd, size_t nk8, double *acc) {
+static inline __m256 bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+/* RAW: the weights are read as bf16 from W itself (rows ldw elements apart) and widened in
+ * the micro-kernel; else wd is the decoded sub-tile (doubles, rows ldw = kc apart) */
+static inline __attribute__((always_inline)) void micro(const int RAW, const int R, const int T, const size_t kc,
+                                                        const void *wp, const size_t ldw, const double *xd, size_t nk8,
+                                                        double *acc) {
+    const double *wd = (const double *)wp;
+    const uint16_t *wb = (const uint16_t *)wp;
+    const float *wf = (const float *)wp;
     __m512d a[8][8];
 #pragma GCC unroll 8
     for (int r = 0; r < R; r++)
@@ -84,7 +90,10 @@ static inline __attribute__((always_inline)) void micro(const int R, const int T
     for (size_t c = 0; c < nk8; c++) {
         __m512d w[8];
 #pragma GCC unroll 8
-        for (int r = 0; r < R; r++) w[r] = _mm512_load_pd(wd + (size_t)r * kc + c * 8);
+        for (int r = 0; r < R; r++)
+            w[r] = RAW == 1   ? _mm512_cvtps_pd(bf16x8(wb + (size_t)r * ldw + c * 8))
+                   : RAW == 2 ? _mm512_cvtps_pd(_mm256_loadu_ps(wf + (size_t)r * ldw + c * 8))
+                              : _mm512_load_pd(wd + (size_t)r * ldw + c * 8);
 #pragma GCC unroll 8
         for (int t = 0; t < T; t++) {
             __m512d xv = _mm512_load_pd(xd + (size_t)t * kc + c * 8);
@@ -104,14 +113,15 @@ static inline __attribute__((always_inline)) void micro(const int R, const int T
 /* any R <= MR rows x T <= MT tokens: wd/xd/acc already offset */
 #define K3_MICRO_T(R)                                                                                       \
     switch (T) {                                                                                            \
-    case 6: micro(R, 6, kc, wd, xd, nk8, acc); break;                                                           \
-    case 5: micro(R, 5, kc, wd, xd, nk8, acc); break;                                                           \
-    case 4: micro(R, 4, kc, wd, xd, nk8, acc); break;                                                           \
-    case 3: micro(R, 3, kc, wd, xd, nk8, acc); break;                                                           \
-    case 2: micro(R, 2, kc, wd, xd, nk8, acc); break;                                                           \
-    default: micro(R, 1, kc, wd, xd, nk8, acc); break;                                                          \
+    case 6: micro(RAW, R, 6, kc, wp, ldw, xd, nk8, acc); break;                                                           \
+    case 5: micro(RAW, R, 5, kc, wp, ldw, xd, nk8, acc); break;                                                           \
+    case 4: micro(RAW, R, 4, kc, wp, ldw, xd, nk8, acc); break;                                                           \
+    case 3: micro(RAW, R, 3, kc, wp, ldw, xd, nk8, acc); break;                                                           \
+    case 2: micro(RAW, R, 2, kc, wp, ldw, xd, nk8, acc); break;                                                           \
+    default: micro(RAW, R, 1, kc, wp, ldw, xd, nk8, acc); break;                                                          \
     }
-static void micro_any(int R, int T, size_t kc, const double *wd, const double *xd, size_t nk8, double *acc) {
+static inline __attribute__((always_inline)) void micro_any(const int RAW, int R, int T, size_t kc, const void *wp,
+                                                            size_t ldw, const double *xd, size_t nk8, double *acc) {
     switch (R) {
     case 4: K3_MICRO_T(4) break;
     case 3: K3_MICRO_T(3) break;
@@ -124,15 +134,76 @@ static void micro_any(int R, int T, size_t kc, const double *wd, const double *x
 /* One token group (T tokens) against the ns rows of a weight sub-tile: R-row
  * micro-kernels, the rows left (ns % R: a panel's last sub-tile, or 4 of 12 rows for
  * the 8-row shape) in pieces of at most MR rows x MT tokens. */
-static inline __attribute__((always_inline)) void token_group(const int R, const int T, const size_t kc, size_t ns,
-                                                              const double *wd, const double *xd, size_t nk8, double *acc) {
+static inline __attribute__((always_inline)) void token_group(const int RAW, const int R, const int T, const size_t kc,
+                                                              size_t ns, const void *wp, size_t ldw, const double *xd,
+                                                              size_t nk8, double *acc) {
+    const size_t esz = RAW == 1 ? 2 : RAW == 2 ? 4 : 8;
     size_t r = 0;
-    for (; r + (size_t)R <= ns; r += (size_t)R) micro(R, T, kc, wd + r * kc, xd, nk8, acc + r * TB * 8);
+    for (; r + (size_t)R <= ns; r += (size_t)R)
+        micro(RAW, R, T, kc, (const char *)wp + r * ldw * esz, ldw, xd, nk8, acc + r * TB * 8);
     for (; r < ns; r += MR) {
         const int rr = ns - r < MR ? (int)(ns - r) : MR;
         for (int t = 0; t < T; t += MT)
-            micro_any(rr, T - t < MT ? T - t : MT, kc, wd + r * kc, xd + (size_t)t * kc, nk8, acc + (r * TB + (size_t)t) * 8);
+            micro_any(RAW, rr, T - t < MT ? T - t : MT, kc, (const char *)wp + r * ldw * esz, ldw, xd + (size_t)t * kc,
+                      nk8, acc + (r * TB + (size_t)t) * 8);
     }
+}
+
+/* Where a token block's activations come from when token_groups converts them itself
+ * (the first sub-tile of a column block): x of the block's first token, the row length,
+ * the column block (k0, kn, kn8) and whether the next one exists (prefetch). */
+typedef struct {
+    const float *x;
+    size_t cols, k0, kn, kn8;
+    int pf;
+} x_source;
+static void pack_x(const float *x, size_t cols, size_t nt, size_t k0, size_t kn, size_t kn8, int pf, size_t kc,
+                   double *xd);
+
+/* The nt tokens of a block against a sub-tile: groups of 6 tokens (4 rows each: 24
+ * chains); the last 1-5 tokens in a shape that still keeps 16-24 chains: 7 or 8
+ * tokens (the last 6 and 1-2 more) at 3 rows, 3-4 at 6 rows, 5 at 4, 1-2 (a block of
+ * fewer than 6) at 8 rows. With xs, each group's slice of xd is converted just before
+ * the group's first micro-kernel (it is then in L1 for them, and the conversion's
+ * stores overlap the FMAs around it instead of running as a pass of their own). */
+static inline __attribute__((always_inline)) void token_groups_kc(const int RAW, const size_t kc, size_t nt, size_t ns,
+                                                                  const void *wd, size_t ldw, double *xd, size_t nk8,
+                                                                  double *acc, const x_source *xs) {
+    const size_t q = nt / MT, rem = nt % MT;
+    const size_t nfull = (rem == 1 || rem == 2) && q > 0 ? q - 1 : q;
+    size_t t = 0;
+    for (size_t g = 0; g < nfull; g++, t += MT) {
+        if (xs) pack_x(xs->x + t * xs->cols, xs->cols, MT, xs->k0, xs->kn, xs->kn8, xs->pf, kc, xd + t * kc);
+        token_group(RAW, MR, MT, kc, ns, wd, ldw, xd + t * kc, nk8, acc + t * 8);
+    }
+    if (xs && nt > t) pack_x(xs->x + t * xs->cols, xs->cols, nt - t, xs->k0, xs->kn, xs->kn8, xs->pf, kc, xd + t * kc);
+    xd += t * kc;
+    acc += t * 8;
+    switch (nt - t) {
+    case 0: break;
+    case 8: token_group(RAW, 3, 8, kc, ns, wd, ldw, xd, nk8, acc); break;
+    case 7: token_group(RAW, 3, 7, kc, ns, wd, ldw, xd, nk8, acc); break;
+    case 5: token_group(RAW, 4, 5, kc, ns, wd, ldw, xd, nk8, acc); break;
+    case 4: token_group(RAW, 6, 4, kc, ns, wd, ldw, xd, nk8, acc); break;
+    case 3: token_group(RAW, 6, 3, kc, ns, wd, ldw, xd, nk8, acc); break;
+    case 2: token_group(RAW, 8, 2, kc, ns, wd, ldw, xd, nk8, acc); break;
+    default: token_group(RAW, 8, 1, kc, ns, wd, ldw, xd, nk8, acc); break;
+    }
+}
+
+/* the weights in the micro-kernels: decoded doubles (wd, rows KC apart), f32 (a decoded MXFP4
+ * sub-tile, rows KC apart; or W itself, rows cols apart), or bf16 read from W itself */
+static void token_groups_f64(size_t nt, size_t ns, const double *wd, double *xd, size_t nk8, double *acc,
+                             const x_source *xs) {
+    token_groups_kc(0, KC, nt, ns, wd, KC, xd, nk8, acc, xs);
+}
+static void token_groups_f32(size_t nt, size_t ns, const float *wf, size_t ldw, double *xd, size_t nk8, double *acc,
+                             const x_source *xs) {
+    token_groups_kc(2, KC, nt, ns, wf, ldw, xd, nk8, acc, xs);
+}
+static void token_groups_bf16(size_t nt, size_t ns, const uint16_t *wb, size_t ldw, double *xd, size_t nk8,
+                              double *acc, const x_source *xs) {
+    token_groups_kc(1, KC, nt, ns, wb, ldw, xd, nk8, acc, xs);
 }
 
 #ifndef PF_HINT
@@ -156,10 +227,6 @@ static void pack_x(const float *x, size_t cols, size_t nt, size_t k0, size_t kn,
         for (; k < kn; k++) d[k] = (double)xs[k];
         for (; k < kn8; k++) d[k] = 0.0;
     }
-}
-
-static inline __m256 bf16x8(const uint16_t *p) {
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
 /* wd[r][0..kc) = row r0 + r of W, columns k0 .. k0+kn, as exact doubles; zero beyond kn.
@@ -211,119 +278,82 @@ static inline __attribute__((always_inline)) void pack_w(wkind kind, const void 
     }
 }
 
-/* Where a token block's activations come from when token_groups converts them itself
- * (the first sub-tile of a column block): x of the block's first token, the row length,
- * the column block (k0, kn, kn8) and whether the next one exists (prefetch). */
-typedef struct {
-    const float *x;
-    size_t cols, k0, kn, kn8;
-    int pf;
-} x_source;
-
-/* The next sub-tile's weights, decoded row by row between the current sub-tile's token
- * groups (software-pipelined: the decode's loads and stores interleave with the FMAs
- * instead of running as a burst): rows r0 .. r0+ns of W, column block k0/kn/kn8/pf, into wd. */
-typedef struct {
-    const void *w;
-    const uint8_t *scales;
-    size_t cols, r0, ns, k0, kn, kn8;
-    int pf;
-    double *wd;
-} w_next;
-
-/* The nt tokens of a block against a sub-tile: groups of 6 tokens (4 rows each: 24
- * chains); the last 1-5 tokens in a shape that still keeps 16-24 chains: 7 or 8
- * tokens (the last 6 and 1-2 more) at 3 rows, 3-4 at 6 rows, 5 at 4, 1-2 (a block of
- * fewer than 6) at 8 rows. With xs, each group's slice of xd is converted just before
- * the group's first micro-kernel (it is then in L1 for them, and the conversion's
- * stores overlap the FMAs around it instead of running as a pass of their own). */
-static inline __attribute__((always_inline)) void token_groups_kc(const wkind kind, const size_t kc, size_t nt,
-                                                                  size_t ns, const double *wd, double *xd, size_t nk8,
-                                                                  double *acc, const x_source *xs, const w_next *wn) {
-    const size_t q = nt / MT, rem = nt % MT;
-    const size_t nfull = (rem == 1 || rem == 2) && q > 0 ? q - 1 : q;
-    /* the next sub-tile's rows: per of them after each of the groups (the last group takes the rest) */
-    const size_t ngr = nfull + (nt > nfull * MT), per = wn ? (wn->ns + ngr - 1) / ngr : 0;
-    size_t done = 0;
-    size_t t = 0;
-    for (size_t g = 0; g < nfull; g++, t += MT) {
-        if (xs) pack_x(xs->x + t * xs->cols, xs->cols, MT, xs->k0, xs->kn, xs->kn8, xs->pf, kc, xd + t * kc);
-        token_group(MR, MT, kc, ns, wd, xd + t * kc, nk8, acc + t * 8);
-        if (wn && done < wn->ns) {
-            const size_t n = wn->ns - done < per ? wn->ns - done : per;
-            pack_w(kind, wn->w, wn->scales, wn->cols, wn->r0 + done, n, wn->k0, wn->kn, wn->kn8, wn->pf, kc,
-                   wn->wd + done * kc);
-            done += n;
+/* wf[r][0..kc) = MXFP4 rows r0 + r of W, columns k0 .. k0+kn (kn % 32 == 0), as f32: exact
+ * for every block scale s <= 252 (|E2M1| x 2^(s-127) <= 6 x 2^125; s = 0 gives the f32
+ * subnormal 2^-128 and up, exact: nothing here sets FTZ/DAZ). Per 16 codes (8 packed bytes):
+ * each 32-bit lane gets its byte word's code by vpermd + vpsrlvd, then vpermps looks it up in
+ * the block's 16-entry table (E2M1 x 2^(s-127), converted from the double table exactly).
+ * Returns 0 (and wf is not usable) if a block's scale is above 252. */
+static inline __attribute__((always_inline)) int pack_w_mxfp4_f32(const uint8_t *packed, const uint8_t *scales,
+                                                                  size_t cols, size_t r0, size_t nr, size_t k0,
+                                                                  size_t kn, int pf, size_t kc, float *wf) {
+    const __m512d pos = _mm512_setr_pd(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
+    const __m512d neg = _mm512_setr_pd(-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0);
+    const __m512i sel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i shv = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    int ok = 1;
+    for (size_t r = 0; r < nr; r++) {
+        float *d = wf + r * kc;
+        const uint8_t *ps = packed + (r0 + r) * (cols / 2) + k0 / 2;
+        const uint8_t *ss = scales + (r0 + r) * (cols / 32) + k0 / 32;
+        if (pf) {
+            prefetch_span(ps + kc / 2, kc / 2);
+            _mm_prefetch((const char *)ss + kc / 32, PF_HINT);
+        }
+        for (size_t k = 0; k < kn; k += 32) {
+            ok &= ss[k / 32] <= 252;
+            const __m512d sc = _mm512_set1_pd(k3_mxfp4_scale(ss[k / 32]));
+            const __m512 tab = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(_mm512_mul_pd(pos, sc))),
+                                                  _mm512_cvtpd_ps(_mm512_mul_pd(neg, sc)), 1);
+            uint64_t q0, q1;
+            memcpy(&q0, ps + k / 2, 8);
+            memcpy(&q1, ps + k / 2 + 8, 8);
+            const __m512i i0 = _mm512_srlv_epi32(_mm512_permutexvar_epi32(sel, _mm512_castsi128_si512(_mm_cvtsi64_si128((long long)q0))), shv);
+            const __m512i i1 = _mm512_srlv_epi32(_mm512_permutexvar_epi32(sel, _mm512_castsi128_si512(_mm_cvtsi64_si128((long long)q1))), shv);
+            _mm512_store_ps(d + k, _mm512_permutexvar_ps(i0, tab));
+            _mm512_store_ps(d + k + 16, _mm512_permutexvar_ps(i1, tab));
         }
     }
-    if (xs && nt > t) pack_x(xs->x + t * xs->cols, xs->cols, nt - t, xs->k0, xs->kn, xs->kn8, xs->pf, kc, xd + t * kc);
-    xd += t * kc;
-    acc += t * 8;
-    switch (nt - t) {
-    case 0: break;
-    case 8: token_group(3, 8, kc, ns, wd, xd, nk8, acc); break;
-    case 7: token_group(3, 7, kc, ns, wd, xd, nk8, acc); break;
-    case 5: token_group(4, 5, kc, ns, wd, xd, nk8, acc); break;
-    case 4: token_group(6, 4, kc, ns, wd, xd, nk8, acc); break;
-    case 3: token_group(6, 3, kc, ns, wd, xd, nk8, acc); break;
-    case 2: token_group(8, 2, kc, ns, wd, xd, nk8, acc); break;
-    default: token_group(8, 1, kc, ns, wd, xd, nk8, acc); break;
-    }
-    if (wn && done < wn->ns)
-        pack_w(kind, wn->w, wn->scales, wn->cols, wn->r0 + done, wn->ns - done, wn->k0, wn->kn, wn->kn8, wn->pf, kc,
-               wn->wd + done * kc);
-}
-
-/* token_groups_kc for a column block of kc (KC or KC_SMALL) columns: xd and wd rows kc apart */
-static inline __attribute__((always_inline)) void token_groups(const wkind kind, size_t kc, size_t nt, size_t ns,
-                                                               const double *wd, double *xd, size_t nk8, double *acc,
-                                                               const x_source *xs, const w_next *wn) {
-    if (kc == KC) token_groups_kc(kind, KC, nt, ns, wd, xd, nk8, acc, xs, wn);
-    else token_groups_kc(kind, KC_SMALL, nt, ns, wd, xd, nk8, acc, xs, wn);
+    return ok;
 }
 
 /* Rows r0 .. r0+nr (nr <= NP) x all tokens. Per token block (at most TB tokens, the
  * blocks of one call balanced), per column block: the block's activations decoded once
  * (xd, for all nr rows), then per sub-tile of NS rows its weights decoded once (wd, for
- * all the block's tokens; the next sub-tile's, into the other of two wd buffers, while
- * the current one's micro-kernels run) and the micro-kernels run token group by token
- * group (xd's 6-token slice and wd stay in L1; the accumulators of the panel, NP x TB x 8
- * doubles, live in L2 between column blocks). */
+ * all the block's tokens) and the micro-kernels run token group by token group (xd's
+ * 6-token slice and wd stay in L1; the accumulators of the panel, NP x TB x 8 doubles,
+ * live in L2 between column blocks). */
 static inline __attribute__((always_inline)) void gemm_tile(wkind kind, const void *w, const uint8_t *scales,
                                                             size_t rows, size_t cols, size_t r0, size_t nr,
                                                             const float *x, size_t ntok, float *y, double *ws) {
-    double *const acc = ws, *const xd = acc + WS_ACC, *const wdb[2] = {xd + WS_XD, xd + WS_XD + WS_WD};
+    double *const acc = ws, *const xd = acc + WS_ACC, *const wd = xd + WS_XD;
     const size_t nblk = (ntok + TB - 1) / TB;
     const size_t tb = (ntok + nblk - 1) / nblk; /* <= TB; the last block is at most nblk - 1 tokens short */
     for (size_t t0 = 0; t0 < ntok; t0 += tb) {
         const size_t nt = ntok - t0 < tb ? ntok - t0 : tb;
         for (size_t r = 0; r < nr; r++) memset(acc + r * TB * 8, 0, nt * 8 * sizeof *acc); /* the block's tokens only */
-        const size_t kc = nt < KC_SMALL_TOK ? KC_SMALL : KC;
-        int cur = 0;
-        {
-            const size_t kn = cols < kc ? cols : kc, kn8 = (kn + 7) & ~(size_t)7;
-            pack_w(kind, w, scales, cols, r0, nr < NS ? nr : NS, 0, kn, kn8, kc < cols, kc, wdb[0]);
-        }
+        const size_t kc = KC;
         for (size_t k0 = 0; k0 < cols; k0 += kc) {
             const size_t kn = cols - k0 < kc ? cols - k0 : kc, kn8 = (kn + 7) & ~(size_t)7;
             const int pf = k0 + kc < cols;
             const x_source xs = {x + t0 * cols, cols, k0, kn, kn8, pf};
             for (size_t s0 = 0; s0 < nr; s0 += NS) {
                 const size_t ns = nr - s0 < NS ? nr - s0 : NS;
-                /* the sub-tile after this one: the next NS rows, or the next column block's first */
-                w_next wn = {w, scales, cols, r0 + s0 + NS, 0, k0, kn, kn8, pf, wdb[cur ^ 1]};
-                if (s0 + NS < nr) wn.ns = nr - s0 - NS < NS ? nr - s0 - NS : NS;
-                else if (pf) {
-                    wn.r0 = r0;
-                    wn.ns = nr < NS ? nr : NS;
-                    wn.k0 = k0 + kc;
-                    wn.kn = cols - wn.k0 < kc ? cols - wn.k0 : kc;
-                    wn.kn8 = (wn.kn + 7) & ~(size_t)7;
-                    wn.pf = wn.k0 + kc < cols;
+                double *const a = acc + s0 * TB * 8;
+                const x_source *const xsp = s0 == 0 ? &xs : NULL;
+                if (kind != W_MXFP4 && kn == kn8) { /* no padding: the micro-kernels read W's rows themselves */
+                    const size_t esz = kind == W_BF16 ? 2 : 4;
+                    const char *ws0 = (const char *)w + ((r0 + s0) * cols + k0) * esz;
+                    if (pf)
+                        for (size_t r = 0; r < ns; r++) prefetch_span(ws0 + (r * cols + kc) * esz, kc * esz);
+                    if (kind == W_BF16) token_groups_bf16(nt, ns, (const uint16_t *)ws0, cols, xd, kn8 / 8, a, xsp);
+                    else token_groups_f32(nt, ns, (const float *)ws0, cols, xd, kn8 / 8, a, xsp);
+                } else if (kind == W_MXFP4 && pack_w_mxfp4_f32(w, scales, cols, r0 + s0, ns, k0, kn, pf, kc, (float *)wd)) {
+                    token_groups_f32(nt, ns, (const float *)wd, kc, xd, kn8 / 8, a, xsp);
+                } else {
+                    pack_w(kind, w, scales, cols, r0 + s0, ns, k0, kn, kn8, pf, kc, wd);
+                    token_groups_f64(nt, ns, wd, xd, kn8 / 8, a, xsp);
                 }
-                token_groups(kind, kc, nt, ns, wdb[cur], xd, kn8 / 8, acc + s0 * TB * 8, s0 == 0 ? &xs : NULL,
-                             wn.ns ? &wn : NULL);
-                cur ^= 1;
             }
         }
         for (size_t t = 0; t < nt; t++)

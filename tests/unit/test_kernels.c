@@ -341,6 +341,45 @@ static void test_batches(tstate *ts) {
     }
 }
 
+/* The AVX-512 gemm decodes an MXFP4 sub-tile (12 rows x a 256-column block) into f32 when
+ * every block scale in it is <= 252 (E2M1 x 2^(s-127) exact in f32, s = 0 an f32 subnormal)
+ * and into double otherwise: scale bytes at both ends of that range, one column block of one
+ * sub-tile at a time (the others in the f32 range), == one token at a time. */
+static void test_mxfp4_gemm_scales(tstate *ts) {
+    static const uint8_t special[] = {0, 1, 2, 125, 126, 127, 250, 251, 252, 253, 254};
+    const size_t rows = 40, cols = 768, ntok = 19;
+    uint8_t *packed = malloc(rows * cols / 2), *scales = malloc(rows * cols / 32);
+    float *x = malloc(ntok * cols * sizeof *x), *ref = malloc(ntok * rows * sizeof *ref), *y = malloc(ntok * rows * sizeof *y);
+    if (!packed || !scales || !x || !ref || !y) abort();
+    uint64_t seed = 77;
+    for (size_t i = 0; i < rows * cols / 2; i++) packed[i] = (uint8_t)rng_next(&seed);
+    for (size_t i = 0; i < ntok * cols; i++) x[i] = rnd_float(&seed);
+    mxfp4_weight W = {rows, cols, packed, scales};
+    for (size_t sp = 0; sp < sizeof special; sp++)
+        for (int where = 0; where < 3; where++) {
+            /* where 0: every block of every row; 1: one block (row 13, column block 1); 2: every
+             * block of rows 24..35 (a whole sub-tile), the rest at scales 120..131 */
+            for (size_t i = 0; i < rows * cols / 32; i++) {
+                const size_t r = i / (cols / 32), b = i % (cols / 32);
+                const int hit = where == 0 || (where == 1 && r == 13 && b == 8 + 3) || (where == 2 && r >= 24 && r < 36);
+                scales[i] = hit ? special[sp] : (uint8_t)(120 + (i * 7) % 12);
+            }
+            for (size_t t = 0; t < ntok; t++) matmul_mxfp4(ts->levels[0], &W, x + t * cols, 1, ref + t * rows);
+            for (int l = 0; l < ts->nlevels; l++) {
+                matmul_mxfp4(ts->levels[l], &W, x, ntok, y);
+                size_t d = first_diff(y, ref, ntok * rows);
+                CHECK(d == ntok * rows, "mxfp4 gemm scale byte %u (where %d) %s: token %zu row %zu differs (%a, want %a)",
+                      special[sp], where, ts->levels[l]->name, d / rows, d % rows, d < ntok * rows ? y[d] : 0.0f,
+                      d < ntok * rows ? ref[d] : 0.0f);
+            }
+        }
+    free(packed);
+    free(scales);
+    free(x);
+    free(ref);
+    free(y);
+}
+
 /* A random MXFP4 matrix with room for maxtok tokens of input, output and reference. */
 typedef struct {
     mxfp4_weight W;
@@ -922,6 +961,7 @@ int main(void) {
     test_mxfp4_sizes(&ts);
     test_threads(&ts);
     test_batches(&ts);
+    test_mxfp4_gemm_scales(&ts);
     test_many(&ts);
     test_mxfp4_many(&ts);
     test_mxfp4_list(&ts);

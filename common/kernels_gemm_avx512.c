@@ -287,8 +287,8 @@ static inline __attribute__((always_inline)) void pack_w(wkind kind, const void 
 static inline __attribute__((always_inline)) int pack_w_mxfp4_f32(const uint8_t *packed, const uint8_t *scales,
                                                                   size_t cols, size_t r0, size_t nr, size_t k0,
                                                                   size_t kn, int pf, size_t kc, float *wf) {
-    const __m512d pos = _mm512_setr_pd(0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0);
-    const __m512d neg = _mm512_setr_pd(-0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0);
+    const __m512 e2m1 = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f,
+                                       -3.0f, -4.0f, -6.0f);
     const __m512i sel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m512i shv = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
     int ok = 1;
@@ -302,9 +302,7 @@ static inline __attribute__((always_inline)) int pack_w_mxfp4_f32(const uint8_t 
         }
         for (size_t k = 0; k < kn; k += 32) {
             ok &= ss[k / 32] <= 252;
-            const __m512d sc = _mm512_set1_pd(k3_mxfp4_scale(ss[k / 32]));
-            const __m512 tab = _mm512_insertf32x8(_mm512_castps256_ps512(_mm512_cvtpd_ps(_mm512_mul_pd(pos, sc))),
-                                                  _mm512_cvtpd_ps(_mm512_mul_pd(neg, sc)), 1);
+            const __m512 tab = _mm512_scalef_ps(e2m1, _mm512_set1_ps((float)((int)ss[k / 32] - 127)));
             uint64_t q0, q1;
             memcpy(&q0, ps + k / 2, 8);
             memcpy(&q1, ps + k / 2 + 8, 8);

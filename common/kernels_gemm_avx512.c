@@ -15,23 +15,36 @@
  * balanced: 100 tokens are 50 + 50, not 72 + 28). Per token block and column block of
  * KC (256) columns, the block's activations are converted once into double (xd, for all
  * the panel's rows: 1/96 of a conversion per multiply-add; 6 tokens at a time, each
- * group just before the first sub-tile's micro-kernels use it) and, per sub-tile of NS (12)
- * rows, the weights once (wd, 24 KiB, for all the block's tokens: bf16 shift, f32
- * widening, MXFP4 by a 16-entry table E2M1 x 2^(s-127) and vpermi2pd); then the 4-row x
- * 6-token micro-kernel keeps 24 FMA chains in registers (24 FMAs per 10 loads: each
- * activation is loaded into a register once, not folded into the 4 FMAs) token group by
- * token group, over the KC / 8 = 32 steps of the column block, its wd in L1, the 6-token
- * slice of xd in L1/L2, the panel's accumulators (NP x TB x 8 doubles, 432 KiB of the
- * caller's workspace) in L2 between column blocks. Why these sizes (bench_kernels --gemm and a
- * stand-alone sweep, 1 thread, 2026-12-01): with everything in L1 the micro-kernel runs
- * at the FMA peak; in the kernel the accumulators' read-modify-write from L2 (128 bytes
- * per KC / 8 multiply-adds of a chain) was the limit at KC 128 (this core's L2 sustains
- * ~16 bytes/cycle of read-modify-write against ~50 of reads), and each block's weight
- * decode (per TB tokens) and activation conversion (per panel) cost 20-25 % of the time;
- * KC 256 halves the former, TB 72 takes a 64-token chunk in one block. A token block of
- * fewer than KC_SMALL_TOK (32) tokens (an expert's share of a prompt chunk) uses KC_SMALL
- * (128) columns instead: its xd and wd then fit L1 together (18 tokens: +4 %). Each row's and
- * token's next column block is prefetched while the current one is converted.
+ * group just before the first sub-tile's micro-kernels use it); then per sub-tile of NS
+ * (12) rows the 4-row x 6-token micro-kernel keeps 24 FMA chains in registers (24 FMAs
+ * per 10 loads: each activation is loaded into a register once, not folded into the 4
+ * FMAs) token group by token group, over the KC / 8 = 32 steps of the column block. The
+ * weights reach it in one of three forms (2026-12-02, "Prefill, eighth session" in
+ * docs/PERFORMANCE.md):
+ *  - bf16 (and f32) with no padding in the column block: read from W itself by the
+ *    micro-kernel, each step's 8 weights of a row widened there (vpmovzxwd, shift,
+ *    vcvtps2pd: exact); the sub-tile's raw rows (6 KiB) and the group's xd slice (12 KiB)
+ *    stay in L1 together. Before, each sub-tile was decoded into doubles (wd, 24 KiB:
+ *    with the slice over this Zen 4's 32 KiB L1) once per token block: 20 % of the
+ *    gemm's samples, its stores and loads not overlapping the FMAs;
+ *  - MXFP4: the sub-tile decoded once per token block into f32 (12 KiB; vpermd/vpsrlvd
+ *    give each 32-bit lane its code, vpermps looks it up in the block's 16-entry table
+ *    E2M1 x 2^(s-127) made by one vscalefps), exact for scale bytes <= 252 (with no
+ *    FTZ/DAZ: s = 0 gives f32 subnormals), widened to double in the micro-kernel;
+ *  - otherwise (a partial last column block of a dense row, cols % 8 != 0; an MXFP4
+ *    sub-tile with a block scale above 252): decoded into doubles (wd: bf16 shift, f32
+ *    widening, MXFP4 by the double table and vpermi2pd) as before.
+ * The panel's accumulators (NP x TB x 8 doubles, 432 KiB of the caller's workspace) live
+ * in L2 between column blocks. Why these sizes (bench_kernels --gemm and a stand-alone
+ * sweep, 1 thread, 2026-12-01): with everything in L1 the micro-kernel runs at the FMA
+ * peak; in the kernel the accumulators' read-modify-write from L2 (128 bytes per KC / 8
+ * multiply-adds of a chain) was the limit at KC 128, and each block's weight decode (per
+ * TB tokens) and activation conversion (per panel) cost 20-25 % of the time; KC 256
+ * halves the former, TB 72 takes a 64-token chunk in one block. Every token block uses
+ * KC 256 (until 2026-12-02 a block of fewer than 32 tokens used 128 columns so that its
+ * double wd and xd fitted L1: with the 6-12 KiB sub-tiles 256 is faster there too). Each
+ * row's and token's next column block is prefetched while the current one is converted
+ * (bf16 / f32 rows: when the sub-tile starts).
  * Compiled with -mavx512f -mavx512bw -mavx512dq -mavx512vl -mavx2 -mfma; the caller
  * checks the CPU. */
 #include "common/kernels_impl.h"
@@ -58,7 +71,8 @@
 
 /* A call's workspace (the caller's, 64-byte aligned; k3_gemm_ws_doubles_avx512): the panel's
  * accumulators (NP x TB x 8), the token block's activations (TB x KC) and a sub-tile's weights
- * (NS x KC), all in double: 600 KiB, which lived on the stack before 2026-12-01 */
+ * (NS x KC doubles, or f32 in the first half), all in double: 600 KiB, which lived on the stack
+ * before 2026-12-01 */
 #define WS_ACC ((size_t)NP * TB * 8)
 #define WS_XD ((size_t)TB * KC)
 #define WS_WD ((size_t)NS * KC)
@@ -66,16 +80,16 @@ size_t k3_gemm_ws_doubles_avx512(void) { return WS_ACC + WS_XD + WS_WD; }
 
 typedef enum { W_F32, W_BF16, W_MXFP4 } wkind;
 
-/* acc[r][t][0..7] += wd[r][..] . xd[t][..] over nk8 chunks of 8 columns, for R rows
- * and T tokens (acc rows TB tokens apart); R x T chains + R weights + 1 activation
- * must fit the 32 registers (the shapes used: 4x6, 3x7, 3x8, 6x3, 6x4, 4x5, 8x2, 8x1,
- * and up to 4x6 for a sub-tile's partial row group). */
 static inline __m256 bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
 }
 
-/* RAW: the weights are read as bf16 from W itself (rows ldw elements apart) and widened in
- * the micro-kernel; else wd is the decoded sub-tile (doubles, rows ldw = kc apart) */
+/* acc[r][t][0..7] += w[r][..] . xd[t][..] over nk8 chunks of 8 columns, for R rows
+ * and T tokens (acc rows TB tokens apart); R x T chains + R weights + 1 activation
+ * must fit the 32 registers (the shapes used: 4x6, 3x7, 3x8, 6x3, 6x4, 4x5, 8x2, 8x1,
+ * and up to 4x6 for a sub-tile's partial row group). The weights w, rows ldw elements
+ * apart: RAW 0 doubles (the decoded wd, ldw = kc), 1 bf16 (W itself, ldw = cols), 2 f32
+ * (W itself, or a decoded MXFP4 sub-tile with ldw = kc), widened to double exactly here. */
 static inline __attribute__((always_inline)) void micro(const int RAW, const int R, const int T, const size_t kc,
                                                         const void *wp, const size_t ldw, const double *xd, size_t nk8,
                                                         double *acc) {
@@ -317,10 +331,11 @@ static inline __attribute__((always_inline)) int pack_w_mxfp4_f32(const uint8_t 
 
 /* Rows r0 .. r0+nr (nr <= NP) x all tokens. Per token block (at most TB tokens, the
  * blocks of one call balanced), per column block: the block's activations decoded once
- * (xd, for all nr rows), then per sub-tile of NS rows its weights decoded once (wd, for
- * all the block's tokens) and the micro-kernels run token group by token group (xd's
- * 6-token slice and wd stay in L1; the accumulators of the panel, NP x TB x 8 doubles,
- * live in L2 between column blocks). */
+ * (xd, for all nr rows), then per sub-tile of NS rows the micro-kernels run token group
+ * by token group, on W's own bf16 / f32 rows, on the sub-tile's MXFP4 weights decoded once
+ * into f32, or (padding, a scale above 252) decoded once into double (wd); xd's 6-token
+ * slice and the sub-tile stay in L1, the accumulators of the panel, NP x TB x 8 doubles,
+ * in L2 between column blocks. */
 static inline __attribute__((always_inline)) void gemm_tile(wkind kind, const void *w, const uint8_t *scales,
                                                             size_t rows, size_t cols, size_t r0, size_t nr,
                                                             const float *x, size_t ntok, float *y, double *ws) {

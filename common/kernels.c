@@ -135,6 +135,7 @@ typedef struct {
     k3_rows_mxfp4_xd_fn mxfp4_xd; /* one token, x in double (the driver converts x once per call) */
     k3_rows_bf16_xs_fn bf16_xs, bf16_xs16; /* one token, x in double times K3_BF16_XS_SCALE (converted once
                                             * per call); 8 and 16 rows */
+    k3_rows_bf16_xsn_fn bf16_xs16n;        /* bf16_xs16 prefetching the thread's next job (NULL: none) */
     int gemm; /* the multi-token kernels may be used (K3_GEMM_MIN_TOK+ tokens): 1 AVX2 + FMA, 2 AVX-512 */
 } rowblock_fns;
 
@@ -156,6 +157,7 @@ int k3_cpu_has_vbmi(void) {
  * k3_rows_bf16_xs16_avx512 and vpermi2pd in k3_rows_mxfp4_xd_avx512. Measurement switches:
  * K3_DECODE_BF16=shift|bytes (bytes only with VBMI), K3_DECODE_MXFP4=pd|words. */
 static k3_rows_bf16_xs_fn xs16_choice;
+static k3_rows_bf16_xsn_fn xs16n_choice;
 static k3_rows_mxfp4_xd_fn mxxd_choice;
 static pthread_once_t choice_once = PTHREAD_ONCE_INIT;
 static int cpu_is_amd_family(unsigned family) {
@@ -174,11 +176,17 @@ static void choice_pick(void) {
     if (m && strcmp(m, "pd") == 0) words = 0;
     else if (m && strcmp(m, "words") == 0) words = 1;
     xs16_choice = bytes ? k3_rows_bf16_xsb16_avx512 : k3_rows_bf16_xs16_avx512;
+    const char *nx = getenv("K3_DECODE_BF16_NEXT"); /* 0: the byte kernel without the next job's prefetch */
+    xs16n_choice = bytes && !(nx && strcmp(nx, "0") == 0) ? k3_rows_bf16_xsb16n_avx512 : NULL;
     mxxd_choice = words ? k3_rows_mxfp4_xdw_avx512 : k3_rows_mxfp4_xd_avx512;
 }
 static k3_rows_bf16_xs_fn bf16_xs16_for_cpu(void) {
     pthread_once(&choice_once, choice_pick);
     return xs16_choice;
+}
+static k3_rows_bf16_xsn_fn bf16_xs16n_for_cpu(void) {
+    pthread_once(&choice_once, choice_pick);
+    return xs16n_choice;
 }
 static k3_rows_mxfp4_xd_fn mxfp4_xd_for_cpu(void) {
     pthread_once(&choice_once, choice_pick);
@@ -187,7 +195,7 @@ static k3_rows_mxfp4_xd_fn mxfp4_xd_for_cpu(void) {
 #endif
 
 static rowblock_fns rowblock_for(const kernels *k) {
-    rowblock_fns b = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0};
+    rowblock_fns b = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0};
 #ifdef K3_HAVE_X86_KERNELS
     /* every CPU with the AVX2 or AVX-512 level has AVX2 + FMA (cpu_has) */
     b.gemm = k->dot_bf16 == k3_dot_bf16_avx512 ? 2 : k->dot_bf16 == k3_dot_bf16_avx2 ? 1 : 0;
@@ -197,6 +205,7 @@ static rowblock_fns rowblock_for(const kernels *k) {
         b.bf16_x2 = k3_rows_bf16_x2_avx512;
         b.bf16_xs = k3_rows_bf16_xs_avx512;
         b.bf16_xs16 = bf16_xs16_for_cpu();
+        b.bf16_xs16n = bf16_xs16n_for_cpu();
     }
     if (k->dot_mxfp4 == k3_dot_mxfp4_avx512) {
         b.mxfp4 = k3_rows_mxfp4_avx512;
@@ -264,9 +273,10 @@ size_t matmul_gemm_ws_bytes(void) {
 }
 
 /* Job bi of a dense matmul: tile bi (K3_GEMM_NR rows, AVX-512 K3_GEMM_NR_AVX512, x all tokens) when gemm, else row
- * block bi (K3_ROWBLOCK rows, token by token or two at a time). */
+ * block bi (K3_ROWBLOCK rows, token by token or two at a time). next / next_bytes: the weights of
+ * the job this thread computes after this one (NULL: none known), prefetched by a kernel that can. */
 static void dense_job(const kernels *k, const rowblock_fns *rb, int gemm, const dense_weight *W, const float *x,
-                      const double *xs, size_t ntok, float *y, size_t bi) {
+                      const double *xs, size_t ntok, float *y, size_t bi, const void *next, size_t next_bytes) {
     const size_t rows = W->rows, cols = W->cols;
 #ifdef K3_HAVE_X86_KERNELS
     if (gemm) {
@@ -275,7 +285,7 @@ static void dense_job(const kernels *k, const rowblock_fns *rb, int gemm, const 
         if (rb->gemm == 2) {
             double *ws = gemm_ws();
             if (!ws) { /* no workspace: the panel's row blocks, one token at a time (the same bits) */
-                for (size_t b = r0 / K3_ROWBLOCK; b * K3_ROWBLOCK < r0 + nr; b++) dense_job(k, rb, 0, W, x, NULL, ntok, y, b);
+                for (size_t b = r0 / K3_ROWBLOCK; b * K3_ROWBLOCK < r0 + nr; b++) dense_job(k, rb, 0, W, x, NULL, ntok, y, b, NULL, 0);
                 return;
             }
             if (W->dtype == DTYPE_F32) k3_gemm_f32_avx512(W->data, rows, cols, r0, nr, x, ntok, y, ws);
@@ -294,7 +304,8 @@ static void dense_job(const kernels *k, const rowblock_fns *rb, int gemm, const 
         const uint16_t *w = (const uint16_t *)W->data + r0 * cols;
         float o[K3_XS_ROWS];
         size_t j = 0;
-        if (nr == K3_XS_ROWS) j = nr, rb->bf16_xs16(w, xs, cols, o);
+        if (nr == K3_XS_ROWS && rb->bf16_xs16n) j = nr, rb->bf16_xs16n(w, xs, cols, o, next, next_bytes);
+        else if (nr == K3_XS_ROWS) j = nr, rb->bf16_xs16(w, xs, cols, o);
         else if (nr >= K3_ROWBLOCK) j = K3_ROWBLOCK, rb->bf16_xs(w, xs, cols, o);
         for (; j < nr; j++) o[j] = k->dot_bf16(w + j * cols, x, cols);
         put_rows(y, rows, r0, nr, 0, o);
@@ -410,12 +421,40 @@ void matmul_dense_many(const kernels *k, const dense_weight *W, const float *con
     for (size_t i = 0; i < n; i++)
         first[i + 1] = first[i] + (xs[i] ? (W[i].rows + K3_XS_ROWS - 1) / K3_XS_ROWS : ok[i] ? dense_jobs(&rb, &W[i], gemm[i]) : 0);
     const size_t total = first[n];
+    /* which job a thread computes next (for the one-token kernels' prefetch of it): the next one
+     * unless it starts another thread's chunk of the runtime schedule (dynamic or static with a
+     * chunk: chunks of `chunk` jobs from job 0; static without one: one range a thread) */
+    omp_sched_t kind;
+    int chunk;
+    omp_get_schedule(&kind, &chunk);
+    kind = (omp_sched_t)((unsigned)kind & 0x7fffffffu); /* without the monotonic modifier */
+    const int chunked = (kind == omp_sched_dynamic || kind == omp_sched_static) && chunk > 0,
+              ranges = kind == omp_sched_static && chunk <= 0;
     /* one region for all n matmuls: each job finds its matrix (n is a handful) */
 #pragma omp parallel for schedule(runtime)
     for (size_t j = 0; j < total; j++) {
         size_t i = 0;
         while (j >= first[i + 1]) i++;
-        dense_job(k, &rb, gemm[i], &W[i], x[i], xs[i], ntok, y[i], j - first[i]);
+        const void *next = NULL;
+        size_t next_bytes = 0;
+        if (rb.bf16_xs16n && xs[i] && j + 1 < total) {
+            const size_t nth = (size_t)omp_get_num_threads();
+            int mine = nth == 1 || (chunked && (j + 1) % (size_t)chunk != 0);
+            if (!mine && ranges) { /* libgomp's static ranges: the first total % nth threads one job more */
+                const size_t tid = (size_t)omp_get_thread_num(), q = total / nth, r = total % nth;
+                const size_t end = tid < r ? (q + 1) * (tid + 1) : q * (tid + 1) + r;
+                mine = j + 1 < end;
+            }
+            size_t i2 = i;
+            while (j + 1 >= first[i2 + 1]) i2++;
+            if (mine && xs[i2]) {
+                const size_t r0 = (j + 1 - first[i2]) * K3_XS_ROWS, c2 = W[i2].cols;
+                const size_t nr = W[i2].rows - r0 < K3_XS_ROWS ? W[i2].rows - r0 : K3_XS_ROWS;
+                next = (const uint16_t *)W[i2].data + r0 * c2;
+                next_bytes = nr * c2 * sizeof(uint16_t);
+            }
+        }
+        dense_job(k, &rb, gemm[i], &W[i], x[i], xs[i], ntok, y[i], j - first[i], next, next_bytes);
     }
 }
 

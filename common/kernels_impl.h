@@ -55,6 +55,12 @@ void k3_rows_bf16_xs16_avx512(const uint16_t *w, const double *xs, size_t n, flo
 /* the same bits, the bytes of each double built by vpermi2b (needs AVX512-VBMI: k3_cpu_has_vbmi);
  * chosen on AMD Zen 4 (kernels.c bf16_xs16_for_cpu) */
 void k3_rows_bf16_xsb16_avx512(const uint16_t *w, const double *xs, size_t n, float *out);
+/* the same bits, prefetching next_bytes at next (the job the thread computes after this one;
+ * NULL: none) into L2 meanwhile; chosen with xsb16 (kernels.c) */
+typedef void (*k3_rows_bf16_xsn_fn)(const uint16_t *w, const double *xs, size_t n, float *out, const void *next,
+                                    size_t next_bytes);
+void k3_rows_bf16_xsb16n_avx512(const uint16_t *w, const double *xs, size_t n, float *out, const void *next,
+                                size_t next_bytes);
 int k3_cpu_has_vbmi(void);
 void k3_rows_mxfp4_x2_avx512(const uint8_t *packed, const uint8_t *scales, const float *x, size_t n, float *out);
 

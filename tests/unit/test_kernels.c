@@ -762,13 +762,17 @@ static void test_bf16_row_variants(tstate *ts) {
                 x[c] = extreme && rng_next(&seed) % 3 == 0 ? xv[rng_next(&seed) % (sizeof xv / sizeof xv[0])] : rnd_float(&seed);
                 xs[c] = (double)x[c] * K3_BF16_XS_SCALE;
             }
-            for (size_t v = 0; v < sizeof var / sizeof var[0]; v++) {
-                if (var[v].vbmi && !vbmi) continue;
-                var[v].fn(w, xs, cols, got);
-                for (size_t r = 0; r < var[v].rows; r++) {
+            for (size_t v = 0; v <= sizeof var / sizeof var[0]; v++) {
+                /* v == the count: the byte kernel prefetching a "next job" (here the same rows, 1..3x
+                 * their bytes: larger, equal and smaller prefetch steps) */
+                const int nx = v == sizeof var / sizeof var[0];
+                if (nx ? !vbmi : var[v].vbmi && !vbmi) continue;
+                if (nx) k3_rows_bf16_xsb16n_avx512(w, xs, cols, got, w, rows * cols * sizeof *w * (1 + cols % 3));
+                else var[v].fn(w, xs, cols, got);
+                for (size_t r = 0; r < (nx ? 16 : var[v].rows); r++) {
                     const float ref = ref_dot(REF_BF16, w + r * cols, NULL, x, cols);
                     CHECK(memcmp(&ref, &got[r], sizeof ref) == 0, "bf16 row kernel %s cols=%zu%s row %zu: %a, reference %a",
-                          var[v].name, cols, extreme ? " (extremes)" : "", r, got[r], ref);
+                          nx ? "xsb16n bytes + next" : var[v].name, cols, extreme ? " (extremes)" : "", r, got[r], ref);
                 }
             }
             free(w), free(x), free(got), free(xs);

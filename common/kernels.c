@@ -155,9 +155,15 @@ int k3_cpu_has_vbmi(void) {
  * needs AVX512-VBMI), MXFP4 looks the weights up with a one-source vpermw (29.5 -> 31.7
  * GFLOP/s). Everywhere else (Intel, Zen 5, where they were measured) the shift kernel
  * k3_rows_bf16_xs16_avx512 and vpermi2pd in k3_rows_mxfp4_xd_avx512. Measurement switches:
- * K3_DECODE_BF16=shift|bytes (bytes only with VBMI), K3_DECODE_MXFP4=pd|words. */
+ * K3_DECODE_BF16=shift|bytes (bytes only with VBMI), K3_DECODE_MXFP4=pd|words. With the byte kernel
+ * each 16-row job also prefetches the thread's next job into L2 (k3_rows_bf16_xsb16n_avx512: one
+ * sequential stream instead of 16; eighth session: 1 thread from memory 22-24 -> 27.5-28.3 GB/s,
+ * the engine's 1-thread decode 14-24 % faster), and a dynamic schedule's grab in those regions is
+ * 16 jobs instead of the runtime's 4 (a grab's first job is the one not prefetched; 2 threads);
+ * K3_DECODE_BF16_NEXT=0 and K3_DECODE_BF16_CHUNK=N (0: the runtime's) for measurements. */
 static k3_rows_bf16_xs_fn xs16_choice;
 static k3_rows_bf16_xsn_fn xs16n_choice;
+static int xs16n_chunk; /* jobs a grab of a dynamic schedule in the one-token bf16 regions (0: the runtime's) */
 static k3_rows_mxfp4_xd_fn mxxd_choice;
 static pthread_once_t choice_once = PTHREAD_ONCE_INIT;
 static int cpu_is_amd_family(unsigned family) {
@@ -178,6 +184,11 @@ static void choice_pick(void) {
     xs16_choice = bytes ? k3_rows_bf16_xsb16_avx512 : k3_rows_bf16_xs16_avx512;
     const char *nx = getenv("K3_DECODE_BF16_NEXT"); /* 0: the byte kernel without the next job's prefetch */
     xs16n_choice = bytes && !(nx && strcmp(nx, "0") == 0) ? k3_rows_bf16_xsb16n_avx512 : NULL;
+    /* with the prefetch a thread's first job of a grab is the one not prefetched: larger grabs
+     * (K3_DECODE_BF16_CHUNK, jobs of 16 rows; 0 the runtime schedule's own) */
+    const char *ch = getenv("K3_DECODE_BF16_CHUNK");
+    xs16n_chunk = ch ? atoi(ch) : 16;
+    if (xs16n_chunk < 0 || xs16n_chunk > 1024) xs16n_chunk = 0;
     mxxd_choice = words ? k3_rows_mxfp4_xdw_avx512 : k3_rows_mxfp4_xd_avx512;
 }
 static k3_rows_bf16_xs_fn bf16_xs16_for_cpu(void) {
@@ -187,6 +198,10 @@ static k3_rows_bf16_xs_fn bf16_xs16_for_cpu(void) {
 static k3_rows_bf16_xsn_fn bf16_xs16n_for_cpu(void) {
     pthread_once(&choice_once, choice_pick);
     return xs16n_choice;
+}
+static int bf16_xs16n_chunk(void) {
+    pthread_once(&choice_once, choice_pick);
+    return xs16n_chunk;
 }
 static k3_rows_mxfp4_xd_fn mxfp4_xd_for_cpu(void) {
     pthread_once(&choice_once, choice_pick);
@@ -424,10 +439,18 @@ void matmul_dense_many(const kernels *k, const dense_weight *W, const float *con
     /* which job a thread computes next (for the one-token kernels' prefetch of it): the next one
      * unless it starts another thread's chunk of the runtime schedule (dynamic or static with a
      * chunk: chunks of `chunk` jobs from job 0; static without one: one range a thread) */
-    omp_sched_t kind;
-    int chunk;
-    omp_get_schedule(&kind, &chunk);
-    kind = (omp_sched_t)((unsigned)kind & 0x7fffffffu); /* without the monotonic modifier */
+    omp_sched_t kind0, kind;
+    int chunk0, chunk;
+    omp_get_schedule(&kind0, &chunk0);
+    kind = (omp_sched_t)((unsigned)kind0 & 0x7fffffffu); /* without the monotonic modifier */
+    chunk = chunk0;
+    int grab = 0; /* a dynamic schedule's grab made larger for this region (restored after it) */
+#ifdef K3_HAVE_X86_KERNELS
+    if (rb.bf16_xs16n && kind == omp_sched_dynamic && bf16_xs16n_chunk() > chunk)
+        for (size_t i = 0; i < n && !grab; i++)
+            if (xs[i]) grab = 1, chunk = bf16_xs16n_chunk();
+    if (grab) omp_set_schedule(kind0, chunk);
+#endif
     const int chunked = (kind == omp_sched_dynamic || kind == omp_sched_static) && chunk > 0,
               ranges = kind == omp_sched_static && chunk <= 0;
     /* one region for all n matmuls: each job finds its matrix (n is a handful) */
@@ -456,6 +479,7 @@ void matmul_dense_many(const kernels *k, const dense_weight *W, const float *con
         }
         dense_job(k, &rb, gemm[i], &W[i], x[i], xs[i], ntok, y[i], j - first[i], next, next_bytes);
     }
+    if (grab) omp_set_schedule(kind0, chunk0);
 }
 
 /* Job bi of an MXFP4 matmul: tile bi (K3_GEMM_NR rows, AVX-512 K3_GEMM_NR_AVX512, x all tokens) when gemm, else row

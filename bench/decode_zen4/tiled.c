@@ -105,24 +105,28 @@ typedef struct {
     const char *name;
     bf_fn fn;
     int rows, tiled;
-    int libn;   /* k3_rows_bf16_xsb16n_avx512 with the next job when it is this thread's (chunks of 4) */
+    int libn;   /* k3_rows_bf16_xsb16n_avx512 with the next job when it is this thread's (chunks of CH) */
+    int ch;     /* schedule(dynamic, ch) (0: 4) */
     bf_fn last; /* the kernel for a job whose next job is not this thread's (the last of a chunk of 4), NULL: fn */
 } var;
 static const var V[] = {
-    {"lib xsb16 row-major", lib16, 16, 0, 0, NULL}, {"tiled16", ti16, 16, 1, 0, NULL}, {"tiled12", ti12, 12, 1, 0, NULL},
-    {"rm16 next-job T1", rm16_nx, 16, 0, 0, NULL}, {"rm16 next-job T2", rm16_nx2, 16, 0, 0, NULL},
-    {"rm12 next-job T1", rm12_nx, 12, 0, 0, NULL}, {"rm12 next-job T2", rm12_nx2, 12, 0, 0, NULL},
-    {"rm16 next-job T1 mine", rm16_nx, 16, 0, 0, rm16}, {"rm16 next-job T2 mine", rm16_nx2, 16, 0, 0, rm16},
-    {"rm12", rm12, 12, 0, 0, NULL}, {"lib xsb16n next mine", lib16, 16, 0, 1, NULL},
+    {"lib xsb16 row-major", lib16, 16, 0, 0, 0, NULL}, {"tiled16", ti16, 16, 1, 0, 0, NULL}, {"tiled12", ti12, 12, 1, 0, 0, NULL},
+    {"rm16 next-job T1", rm16_nx, 16, 0, 0, 0, NULL}, {"rm16 next-job T2", rm16_nx2, 16, 0, 0, 0, NULL},
+    {"rm12 next-job T1", rm12_nx, 12, 0, 0, 0, NULL}, {"rm12 next-job T2", rm12_nx2, 12, 0, 0, 0, NULL},
+    {"rm16 next-job T1 mine", rm16_nx, 16, 0, 0, 0, rm16}, {"rm16 next-job T2 mine", rm16_nx2, 16, 0, 0, 0, rm16},
+    {"rm12", rm12, 12, 0, 0, 0, NULL}, {"lib xsb16n next mine", lib16, 16, 0, 1, 0, NULL},
+    {"lib xsb16 chunks 8", lib16, 16, 0, 0, 8, NULL}, {"lib xsb16n next chunks 8", lib16, 16, 0, 1, 8, NULL},
+    {"lib xsb16n next chunks 16", lib16, 16, 0, 1, 16, NULL}, {"lib xsb16n next chunks 2", lib16, 16, 0, 1, 2, NULL},
 };
 #define NV (sizeof V / sizeof V[0])
 
 static void run(const var *v, const uint16_t *w, size_t rows, size_t n, const double *xs, float *y) {
-    const size_t R = (size_t)v->rows, jobs = rows / R;
-#pragma omp parallel for schedule(dynamic, 4)
+    const size_t R = (size_t)v->rows, jobs = rows / R, ch = v->ch ? (size_t)v->ch : 4;
+    omp_set_schedule(omp_sched_dynamic, (int)ch);
+#pragma omp parallel for schedule(runtime)
     for (size_t j = 0; j < jobs; j++)
         if (v->libn) {
-            const int mine = j + 1 < jobs && (omp_get_num_threads() == 1 || (j + 1) % 4 != 0);
+            const int mine = j + 1 < jobs && (omp_get_num_threads() == 1 || (j + 1) % ch != 0);
             k3_rows_bf16_xsb16n_avx512(w + j * R * n, xs, n, y + j * R, mine ? w + (j + 1) * R * n : NULL, R * n * 2);
         } else
         (v->last && omp_get_num_threads() > 1 && (j % 4 == 3 || j + 1 == jobs) ? v->last : v->fn)(w + j * R * n, xs, n, y + j * R);

@@ -116,7 +116,8 @@ static const var V[] = {
     {"rm16 next-job T1 mine", rm16_nx, 16, 0, 0, 0, rm16}, {"rm16 next-job T2 mine", rm16_nx2, 16, 0, 0, 0, rm16},
     {"rm12", rm12, 12, 0, 0, 0, NULL}, {"lib xsb16n next mine", lib16, 16, 0, 1, 0, NULL},
     {"lib xsb16 chunks 8", lib16, 16, 0, 0, 8, NULL}, {"lib xsb16n next chunks 8", lib16, 16, 0, 1, 8, NULL},
-    {"lib xsb16n next chunks 16", lib16, 16, 0, 1, 16, NULL}, {"lib xsb16n next chunks 2", lib16, 16, 0, 1, 2, NULL},
+    {"lib xsb16n next chunks 16", lib16, 16, 0, 1, 16, NULL}, {"lib xsb16n guess chunks 16", lib16, 16, 0, 2, 16, NULL},
+    {"lib xsb16n guess chunks 4", lib16, 16, 0, 2, 4, NULL}, {"lib xsb16n guess chunks 8", lib16, 16, 0, 2, 8, NULL}, {"lib xsb16n next chunks 2", lib16, 16, 0, 1, 2, NULL},
 };
 #define NV (sizeof V / sizeof V[0])
 
@@ -126,8 +127,12 @@ static void run(const var *v, const uint16_t *w, size_t rows, size_t n, const do
 #pragma omp parallel for schedule(runtime)
     for (size_t j = 0; j < jobs; j++)
         if (v->libn) {
-            const int mine = j + 1 < jobs && (omp_get_num_threads() == 1 || (j + 1) % ch != 0);
-            k3_rows_bf16_xsb16n_avx512(w + j * R * n, xs, n, y + j * R, mine ? w + (j + 1) * R * n : NULL, R * n * 2);
+            const size_t nth = (size_t)omp_get_num_threads();
+            const int mine = j + 1 < jobs && (nth == 1 || (j + 1) % ch != 0);
+            size_t nj = j + 1; /* libn 2: at a grab's end, guess the grab after the other threads' next ones */
+            if (!mine && v->libn == 2) nj = j + 1 + ch * (nth - 1);
+            k3_rows_bf16_xsb16n_avx512(w + j * R * n, xs, n, y + j * R,
+                                       mine || (v->libn == 2 && nj < jobs) ? w + nj * R * n : NULL, R * n * 2);
         } else
         (v->last && omp_get_num_threads() > 1 && (j % 4 == 3 || j + 1 == jobs) ? v->last : v->fn)(w + j * R * n, xs, n, y + j * R);
 }

@@ -8,32 +8,7 @@
  * the library's xs16 bits. mx: 16 of 48 distinct rw6-shaped experts (w1, w3 3072 x 3584,
  * w2 3584 x 3072) per call, rotating, one token, GFLOP/s (2 per weight). l2: the same kernels
  * on 16 rows that stay in L2 (the compute ceiling). */
-#include <immintrin.h>
-#include <omp.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-
-#include "common/kernels_impl.h"
-#include "common/weight_mem.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-static uint64_t rng(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static inline float red8(__m512d a) {
-    double l[8];
-    _mm512_storeu_pd(l, a);
-    return k3_reduce8(l);
-}
+#include "bench/decode_zen4/bench_util.h"
 static inline float red4x2(__m256d lo, __m256d hi) {
     double l[8];
     _mm256_storeu_pd(l, lo);
@@ -227,17 +202,6 @@ CVT_YMM(cvty8_pf1k, 8, 1024)
  * U = (W >>arith 3) & 0x8fff (high byte = byte 7: w bits 11..14 and the sign at bit 7); then per
  * 8 weights one zero-masked vpermi2b (bytes 5, 6, 7 of each qword from T and U) and the FMA:
  * the bits of bf16_xs8 */
-static inline __m512i b3_idx(int j) {
-    char b[64];
-    for (int l = 0; l < 8; l++) {
-        int wd = 8 * j + l;
-        for (int k = 0; k < 5; k++) b[8 * l + k] = 0;
-        b[8 * l + 5] = (char)(2 * wd);
-        b[8 * l + 6] = (char)(2 * wd + 1);
-        b[8 * l + 7] = (char)(64 + 2 * wd + 1);
-    }
-    return _mm512_loadu_si512(b);
-}
 #define XS_B3(NAME, R, PF)                                                                                   \
     static void NAME(const uint16_t *w, const xin *in, size_t n, float *o) {                                \
         const __m512i i0 = b3_idx(0), i1 = b3_idx(1), i2 = b3_idx(2), i3 = b3_idx(3);                        \

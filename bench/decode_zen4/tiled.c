@@ -8,43 +8,7 @@
  * job instead of R. 12288 x 7168 from memory (weight_mem_alloc like the engine's trunk), R = 16
  * and 12, variants alternated call by call, schedule(dynamic, 4) as the coordinator; every
  * output compared with the library's xsb16 bits. GB/s of weight bytes, best / median. */
-#include <immintrin.h>
-#include <omp.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-
-#include "common/kernels_impl.h"
-#include "common/weight_mem.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-static uint64_t rng(uint64_t *s) {
-    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-}
-static inline float red8(__m512d a) {
-    double l[8];
-    _mm512_storeu_pd(l, a);
-    return k3_reduce8(l);
-}
-static inline __m512i b3_idx(int j) {
-    char b[64];
-    for (int l = 0; l < 8; l++) {
-        int wd = 8 * j + l;
-        for (int k = 0; k < 5; k++) b[8 * l + k] = 0;
-        b[8 * l + 5] = (char)(2 * wd);
-        b[8 * l + 6] = (char)(2 * wd + 1);
-        b[8 * l + 7] = (char)(64 + 2 * wd + 1);
-    }
-    return _mm512_loadu_si512(b);
-}
+#include "bench/decode_zen4/bench_util.h"
 typedef void (*bf_fn)(const uint16_t *w, const double *xs, size_t n, float *o);
 
 /* TILED 0: row r at w + r * n + i; 1: piece (i / 32) * R + r. PF bytes ahead in the stream(s). */

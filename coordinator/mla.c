@@ -12,23 +12,28 @@
  * latent contexts across the latent width, so the loops vectorize; every score,
  * context and q_lat element is still its own chain of double multiply-then-add in
  * the order above (r, then cc, then rope; positions in order), so the bits are those
- * of one head at a time, at any SIMD width. */
+ * of one head at a time, at any SIMD width. A job runs its tokens MLA_TB at a time
+ * through q_lat and the values, so each kv_b row (1 KiB of bf16) is read from L3 once
+ * for them and then from L1; every token's chains are the same operations in the
+ * same order as one token at a time. */
 #include "common/activations.h"
 #include "coordinator/layers.h"
 #include <math.h>
 #include <omp.h>
 #include <string.h>
 
-enum { MLA_HB = 8 }; /* heads per job */
+enum { MLA_HB = 8, MLA_TB = 4 }; /* heads per job; tokens per pass over a head block's kv_b rows */
 
 typedef struct {
     float *qa, *q, *ckv, *o, *gate;
-    double *head;   /* [nthreads][MLA_HB * (3 kv_lora + rope + max_ctx)] */
-    float *ctxf;    /* [nthreads][kv_lora] */
+    double *head;   /* [nthreads][MLA_HB * ((MLA_TB + 2) kv_lora + rope + max_ctx)] */
+    float *ctxf;    /* [nthreads][MLA_TB * MLA_HB * kv_lora] */
 } mla_bufs;
 
-/* per thread: q_lat [HB][kr], its transpose [kr][HB], q_pe [rope][HB], ctx [HB][kr], p [ctx][HB] */
-static size_t mla_head_doubles(size_t kr, size_t rope, size_t max_ctx) { return MLA_HB * (3 * kr + rope + max_ctx); }
+/* per thread: q_lat [TB][HB][kr], its transpose [kr][HB], q_pe [rope][HB], ctx [HB][kr], p [ctx][HB] */
+static size_t mla_head_doubles(size_t kr, size_t rope, size_t max_ctx) {
+    return MLA_HB * ((MLA_TB + 2) * kr + rope + max_ctx);
+}
 
 /* softmax_d (activations.c) over x[0], x[stride], ..., x[(n-1)*stride]: the same operations */
 static void softmax_strided(double *x, size_t n, size_t stride) {
@@ -49,7 +54,7 @@ static int mla_layout(scratch *sc, const k3_config *c, size_t R, int nthreads, s
     B->o = scratch_take(sc, R * H * vd * f);
     B->gate = c->mla_use_output_gate ? scratch_take(sc, R * H * vd * f) : NULL;
     B->head = scratch_take(sc, nt * mla_head_doubles(kr, rope, max_ctx) * sizeof(double));
-    B->ctxf = scratch_take(sc, nt * kr * f);
+    B->ctxf = scratch_take(sc, nt * MLA_TB * MLA_HB * kr * f);
     return B->qa && B->q && B->ckv && B->o && (B->gate || !c->mla_use_output_gate) && B->head && B->ctxf ? 0 : -1;
 }
 
@@ -192,43 +197,51 @@ int mla_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const mla_
     for (size_t job = 0; job < jobs; job++) {
         const size_t s = job / nhb, h0 = (job % nhb) * MLA_HB, nb = H - h0 < MLA_HB ? H - h0 : MLA_HB;
         int me = omp_get_thread_num();
-        double *qlat = B.head + (size_t)me * per, *qT = qlat + MLA_HB * kr, *qpeT = qT + MLA_HB * kr;
+        double *qlat = B.head + (size_t)me * per, *qT = qlat + MLA_TB * MLA_HB * kr, *qpeT = qT + MLA_HB * kr;
         double *ctx = qpeT + MLA_HB * rope, *p = ctx + MLA_HB * kr;
-        float *ctxf = B.ctxf + (size_t)me * kr;
+        float *ctxf = B.ctxf + (size_t)me * MLA_TB * MLA_HB * kr;
         const float *cache = sg[s].st->mla[l].cache;
-        for (size_t i = 0; i < sg[s].n; i++) {
-            size_t t = sg[s].row0 + i;
-            /* q_lat[c] = sum_r Wkv_b[h*kvh + r][c] * q_nope[r], r in order; heads past H: zeros */
-            for (size_t j = 0; j < MLA_HB; j++) {
-                double *ql = qlat + j * kr;
-                for (size_t cc = 0; cc < kr; cc++) ql[cc] = 0;
-                if (j >= nb) continue;
-                const float *qn = q + (t * H + h0 + j) * qh;
+        for (size_t i0 = 0; i0 < sg[s].n; i0 += MLA_TB) {
+            const size_t tb = sg[s].n - i0 < MLA_TB ? sg[s].n - i0 : MLA_TB;
+            /* q_lat[u][j][c] = sum_r Wkv_b[h*kvh + r][c] * q_nope[u][r], r in order; heads past H:
+             * zeros. Each kv_b row is read once for the tb tokens (it stays in L1 for them). */
+            for (size_t e = 0; e < tb * MLA_HB * kr; e++) qlat[e] = 0;
+            for (size_t j = 0; j < nb; j++)
                 for (size_t r = 0; r < nope; r++) {
-                    const double qv = qn[r];
                     const size_t wrow = (h0 + j) * kvh + r;
-                    if (kvb.dtype == DTYPE_BF16) axpy_bf16(ql, (const uint16_t *)kvb.data + wrow * kvb.cols, qv, kr);
-                    else axpy_f32(ql, (const float *)kvb.data + wrow * kvb.cols, qv, kr);
+                    for (size_t u = 0; u < tb; u++) {
+                        const size_t t = sg[s].row0 + i0 + u;
+                        const double qv = q[(t * H + h0 + j) * qh + r];
+                        double *ql = qlat + (u * MLA_HB + j) * kr;
+                        if (kvb.dtype == DTYPE_BF16) axpy_bf16(ql, (const uint16_t *)kvb.data + wrow * kvb.cols, qv, kr);
+                        else axpy_f32(ql, (const float *)kvb.data + wrow * kvb.cols, qv, kr);
+                    }
                 }
+            for (size_t u = 0; u < tb; u++) {
+                const size_t i = i0 + u, t = sg[s].row0 + i;
+                const double *qlu = qlat + u * MLA_HB * kr;
+                for (size_t cc = 0; cc < kr; cc++)
+                    for (size_t j = 0; j < MLA_HB; j++) qT[cc * MLA_HB + j] = qlu[j * kr + cc];
+                for (size_t r = 0; r < rope; r++)
+                    for (size_t j = 0; j < MLA_HB; j++)
+                        qpeT[r * MLA_HB + j] = j < nb ? (double)q[(t * H + h0 + j) * qh + nope + r] : 0.0;
+                size_t last = sg[s].pos + i; /* causal: positions 0..last */
+                mla_scores(qT, qpeT, cache, row, kr, rope, last + 1, scale, p);
+                for (size_t j = 0; j < nb; j++) softmax_strided(p + j, last + 1, MLA_HB);
+                mla_context(p, cache, row, kr, last + 1, nb, ctx);
+                for (size_t j = 0; j < nb; j++)
+                    for (size_t cc = 0; cc < kr; cc++) ctxf[(u * MLA_HB + j) * kr + cc] = (float)ctx[j * kr + cc];
             }
-            for (size_t cc = 0; cc < kr; cc++)
-                for (size_t j = 0; j < MLA_HB; j++) qT[cc * MLA_HB + j] = qlat[j * kr + cc];
-            for (size_t r = 0; r < rope; r++)
-                for (size_t j = 0; j < MLA_HB; j++)
-                    qpeT[r * MLA_HB + j] = j < nb ? (double)q[(t * H + h0 + j) * qh + nope + r] : 0.0;
-            size_t last = sg[s].pos + i; /* causal: positions 0..last */
-            mla_scores(qT, qpeT, cache, row, kr, rope, last + 1, scale, p);
-            for (size_t j = 0; j < nb; j++) softmax_strided(p + j, last + 1, MLA_HB);
-            mla_context(p, cache, row, kr, last + 1, nb, ctx);
+            /* values: each kv_b row once for the tb tokens */
             for (size_t j = 0; j < nb; j++) {
                 const size_t h = h0 + j;
-                for (size_t cc = 0; cc < kr; cc++) ctxf[cc] = (float)ctx[j * kr + cc];
-                float *oh = o + (t * H + h) * vd;
-                for (size_t m = 0; m < vd; m++) {
-                    float val = dense_row_dot(k, &kvb, h * kvh + nope + m, ctxf);
-                    if (c->mla_use_output_gate) val = (float)((double)val * sigmoid_d(gate[(t * H + h) * vd + m]));
-                    oh[m] = val;
-                }
+                for (size_t m = 0; m < vd; m++)
+                    for (size_t u = 0; u < tb; u++) {
+                        const size_t t = sg[s].row0 + i0 + u;
+                        float val = dense_row_dot(k, &kvb, h * kvh + nope + m, ctxf + (u * MLA_HB + j) * kr);
+                        if (c->mla_use_output_gate) val = (float)((double)val * sigmoid_d(gate[(t * H + h) * vd + m]));
+                        o[(t * H + h) * vd + m] = val;
+                    }
             }
         }
     }

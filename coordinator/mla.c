@@ -132,17 +132,45 @@ void mla_scores_heads(const double *qT, const double *qpeT, const float *cache, 
     mla_scores(qT, qpeT, cache, row, kr, rope, n, scale, p);
 }
 
-/* ctx[j][cc] = sum_ps p[ps][j] * c_ps[cc], ps in order, for j < nb */
+/* ctx[j][cc] = sum_ps p[ps][j] * c_ps[cc], ps in order, for j < nb. 16 columns at a time for
+ * all MLA_HB heads in registers (16 vectors of 8 doubles), positions inner: each element
+ * the same chain (from 0, ps in order) as accumulating in memory, without the stores. */
+typedef double mla_v8d __attribute__((vector_size(64)));
+typedef float mla_v8f __attribute__((vector_size(32)));
 MLA_CLONES static void mla_context(const double *p, const float *cache, size_t row, size_t kr, size_t n, size_t nb,
                                    double *ctx) {
-    for (size_t j = 0; j < nb * kr; j++) ctx[j] = 0;
+    size_t c0 = 0;
+    for (; c0 + 16 <= kr; c0 += 16) {
+        mla_v8d a[MLA_HB][2];
+#pragma GCC unroll 8
+        for (size_t j = 0; j < MLA_HB; j++) a[j][0] = a[j][1] = (mla_v8d){0};
+        for (size_t ps = 0; ps < n; ps++) {
+            const float *cs = cache + ps * row + c0;
+            const double *pp = p + ps * MLA_HB;
+            mla_v8f f0, f1;
+            memcpy(&f0, cs, sizeof f0);
+            memcpy(&f1, cs + 8, sizeof f1);
+            const mla_v8d v0 = __builtin_convertvector(f0, mla_v8d), v1 = __builtin_convertvector(f1, mla_v8d);
+#pragma GCC unroll 8
+            for (size_t j = 0; j < MLA_HB; j++) {
+                const double pj = pp[j];
+                a[j][0] += pj * v0;
+                a[j][1] += pj * v1;
+            }
+        }
+        for (size_t j = 0; j < nb; j++)
+            for (size_t e = 0; e < 8; e++) { ctx[j * kr + c0 + e] = a[j][0][e]; ctx[j * kr + c0 + 8 + e] = a[j][1][e]; }
+    }
+    if (c0 == kr) return;
+    for (size_t j = 0; j < nb; j++)
+        for (size_t cc = c0; cc < kr; cc++) ctx[j * kr + cc] = 0;
     for (size_t ps = 0; ps < n; ps++) {
         const float *cs = cache + ps * row;
         for (size_t j = 0; j < nb; j++) {
             const double pj = p[ps * MLA_HB + j];
             double *cj = ctx + j * kr;
 #pragma omp simd
-            for (size_t cc = 0; cc < kr; cc++) cj[cc] += pj * (double)cs[cc];
+            for (size_t cc = c0; cc < kr; cc++) cj[cc] += pj * (double)cs[cc];
         }
     }
 }

@@ -47,6 +47,10 @@ size_t mla_scratch_bytes(const k3_config *c, size_t R, int nthreads, size_t max_
  * c_ps = cache + ps * row, each sum in order, products and sums in double. */
 void mla_scores_heads(const double *qT, const double *qpeT, const float *cache, size_t row, size_t kr, size_t rope,
                       size_t n, double scale, double *p);
+/* The latent contexts of nb <= 8 heads, as mla_forward computes them (for tests: the bits must be
+ * those of one head and one position at a time): ctx[j * kr + cc] = sum_ps p[ps * 8 + j] *
+ * c_ps[cc], from 0, ps in order, in double; p[ps * 8 + j] for j >= nb is read and must be finite. */
+void mla_context_heads(const double *p, const float *cache, size_t row, size_t kr, size_t n, size_t nb, double *ctx);
 /* 4.1 MLP with SiTU-GLU (dense layers and the fused shared experts); takes no lap (the
  * caller's phase; mlp_flop gives its FLOP for R rows). */
 int mlp_forward(trunk_pass *tp, const kernels *k, const k3_config *c, const mlp_weights *w, const float *x, size_t R,

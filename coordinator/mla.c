@@ -175,6 +175,10 @@ MLA_CLONES static void mla_context(const double *p, const float *cache, size_t r
     }
 }
 
+void mla_context_heads(const double *p, const float *cache, size_t row, size_t kr, size_t n, size_t nb, double *ctx) {
+    mla_context(p, cache, row, kr, n, nb, ctx);
+}
+
 size_t mla_scratch_bytes(const k3_config *c, size_t R, int nthreads, size_t max_ctx) {
     scratch s = {0};
     mla_bufs B;

@@ -284,8 +284,36 @@ static void test_mla_scores(void) {
     }
 }
 
+/* mla_context_heads (16 columns x 8 heads in registers) against one head and one position at a
+ * time; kv_lora 40 = 2 blocks of 16 + a remainder of 8, and 32 (no remainder) */
+static void test_mla_context(void) {
+    enum { HB = 8, KRMAX = 40, ROW = KRMAX + 11, NMAX = 13 };
+    static double p[NMAX * HB], ctx[HB * KRMAX];
+    static float cache[NMAX * ROW];
+    uint64_t s = 11;
+    for (size_t i = 0; i < NMAX * HB; i++) p[i] = (double)((s = s * 6364136223846793005ULL + 1442695040888963407ULL) >> 11) / 9007199254740992.0;
+    for (size_t i = 0; i < NMAX * ROW; i++) cache[i] = (float)((double)((s = s * 6364136223846793005ULL + 1442695040888963407ULL) >> 40) / 16777216.0 - 0.5);
+    const size_t krs[] = {KRMAX, 32};
+    for (size_t ki = 0; ki < 2; ki++)
+        for (size_t nb = 5; nb <= HB; nb += 3)
+            for (size_t n = 1; n <= NMAX; n++) {
+                const size_t kr = krs[ki];
+                mla_context_heads(p, cache, ROW, kr, n, nb, ctx);
+                size_t bad = 0;
+                for (size_t j = 0; j < nb; j++)
+                    for (size_t cc = 0; cc < kr; cc++) {
+                        double want = 0;
+                        for (size_t ps = 0; ps < n; ps++) want += p[ps * HB + j] * (double)cache[ps * ROW + cc];
+                        if (memcmp(&want, &ctx[j * kr + cc], sizeof want) != 0) bad++;
+                    }
+                CHECK(bad == 0, "mla context over %zu positions, kv_lora %zu, %zu heads: %zu of %zu differ from one at a time", n,
+                      kr, nb, bad, nb * kr);
+            }
+}
+
 int main(void) {
     test_mla_scores();
+    test_mla_context();
     test_no_alloc();
     test_batch(0);
     test_batch(1);

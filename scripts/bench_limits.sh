@@ -23,7 +23,7 @@
 # taken once, so that no other run lands between the ceilings and the engine runs).
 # Environment: MODEL (default models-big/rw6, else /work/models-big/rw6), K3 (bin/k3),
 # BASE_K3 (optional: an older bin/k3 run with the same commands, for a before/after
-# column), BENCH_LOCK (default /work/bench.lock if /work exists, else /tmp/k3-bench.lock),
+# column; the two alternate run by run after a discarded warm-up run), BENCH_LOCK (default /work/bench.lock if /work exists, else /tmp/k3-bench.lock),
 # GEN (tokens generated, default 8), STREAM_GB (default 7), RUNS (which runs besides the
 # all-threads decode: default "dec1 pre72 stream"; streampf: streamed with
 # --expert-prefetch on; mmap: a warm restart with --mmap (a run that fills the page cache,
@@ -104,28 +104,47 @@ run() {
   "$bin" "$MODEL" "$@" --json "$out/$name.json" > "$out/$name.ids" 2> "$out/$name.err" ||
     { log "run $name failed: $(tail -n 3 "$out/$name.err")"; rm -f "$out/$name.json"; }
 }
-for who in new ${BASE_K3:+base}; do
-  bin=$K3
+# step WHO NAME: one measurement of binary WHO (new: K3, base: BASE_K3)
+step() {
+  local who=$1 st=$2 bin=$K3 pre=""
   [ "$who" = base ] && bin=$BASE_K3
   # resident runs read every expert at load when the binary can (before 2026-12-01 a decode step
   # or the prompt could still read an expert on its first use)
-  pre=""
   "$bin" --help 2>&1 | grep -q -- --preload-experts && pre=--preload-experts
-  run "$who-dec$NT" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --preset max $pre
-  for r in $RUNS; do # preN: an N-id prompt (N > 8), prefill only
-    case $r in pre[0-9]*) run "$who-$r" "$bin" --ids "$(ids_of "${r#pre}")" --gen 1 --workers 0 --threads "$NT" --preset max $pre ;; esac
-  done
-  case " $RUNS " in *" dec1 "*) [ "$NT" -gt 1 ] && run "$who-dec1" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads 1 --preset max $pre ;; esac
-  case " $RUNS " in *" stream "*) run "$who-stream" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --mem-gb "$STREAM_GB" ;; esac
-  case " $RUNS " in *" streampf "*) run "$who-streampf" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --mem-gb "$STREAM_GB" --expert-prefetch on ;; esac
+  case $st in
+  dec) run "$who-dec$NT" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --preset max $pre ;;
+  pre[0-9]*) run "$who-$st" "$bin" --ids "$(ids_of "${st#pre}")" --gen 1 --workers 0 --threads "$NT" --preset max $pre ;; # prefill only
+  dec1) if [ "$NT" -gt 1 ]; then run "$who-dec1" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads 1 --preset max $pre; fi ;;
+  stream) run "$who-stream" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --mem-gb "$STREAM_GB" ;;
+  streampf) run "$who-streampf" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --mem-gb "$STREAM_GB" --expert-prefetch on ;;
   # mmap: the pinned trunk mapped from the page cache; the first run fills the cache, the second is a warm restart
-  case " $RUNS " in *" mmap "*)
+  mmap)
     if "$bin" --help 2>&1 | grep -q -- --mmap; then
       run "$who-mmapfill" "$bin" --ids "$ids8" --gen 1 --workers 0 --threads "$NT" --preset max --mmap $pre
       run "$who-mmap" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --preset max --mmap $pre
     fi ;;
   esac
-done
+  return 0
+}
+steps="dec"
+for r in $RUNS; do case $r in pre[0-9]*) steps="$steps $r" ;; esac; done
+for r in dec1 stream streampf mmap; do case " $RUNS " in *" $r "*) steps="$steps $r" ;; esac; done
+if [ -n "${BASE_K3:-}" ]; then
+  # with a base the two binaries alternate step by step, each first in every other step, after a
+  # discarded warm-up run: the first run of a hold gets fresh memory (a hypervisor's first touch,
+  # 0.2-1 GB/s here, and a slower decode on it), which favoured whichever binary ran second
+  # (eighth session: this tree 0.540 s/token first, the older base 0.393 s second, where every
+  # alternated pair had this tree faster)
+  run warmup "$K3" --ids "$ids8" --gen 1 --workers 0 --threads "$NT" --preset max
+  first=new second=base
+  for st in $steps; do
+    step $first "$st"
+    step $second "$st"
+    t=$first first=$second second=$t
+  done
+else
+  for st in $steps; do step new "$st"; done
+fi
 
 log "ceilings (after)"
 bin/bench_kernels --ceilings > "$out/ceil1.txt"

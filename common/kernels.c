@@ -136,6 +136,7 @@ typedef struct {
     k3_rows_bf16_xs_fn bf16_xs, bf16_xs16; /* one token, x in double times K3_BF16_XS_SCALE (converted once
                                             * per call); 8 and 16 rows */
     k3_rows_bf16_xsn_fn bf16_xs16n;        /* bf16_xs16 prefetching the thread's next job (NULL: none) */
+    int bf16_grab; /* with bf16_xs16n: jobs a grab of a dynamic schedule in its regions (0: the runtime's) */
     int gemm; /* the multi-token kernels may be used (K3_GEMM_MIN_TOK+ tokens): 1 AVX2 + FMA, 2 AVX-512 */
 } rowblock_fns;
 
@@ -161,10 +162,13 @@ int k3_cpu_has_vbmi(void) {
  * the engine's 1-thread decode 14-24 % faster), and a dynamic schedule's grab in those regions is
  * 16 jobs instead of the runtime's 4 (a grab's first job is the one not prefetched; 2 threads);
  * K3_DECODE_BF16_NEXT=0 and K3_DECODE_BF16_CHUNK=N (0: the runtime's) for measurements. */
-static k3_rows_bf16_xs_fn xs16_choice;
-static k3_rows_bf16_xsn_fn xs16n_choice;
-static int xs16n_chunk; /* jobs a grab of a dynamic schedule in the one-token bf16 regions (0: the runtime's) */
-static k3_rows_mxfp4_xd_fn mxxd_choice;
+typedef struct {
+    k3_rows_bf16_xs_fn bf16_xs16;
+    k3_rows_bf16_xsn_fn bf16_xs16n; /* NULL: no next-job prefetch */
+    int bf16_grab;                  /* jobs a grab of a dynamic schedule in those regions (0: the runtime's) */
+    k3_rows_mxfp4_xd_fn mxfp4_xd;
+} cpu_choice;
+static cpu_choice choice;
 static pthread_once_t choice_once = PTHREAD_ONCE_INIT;
 static int cpu_is_amd_family(unsigned family) {
     unsigned a, b, c, d;
@@ -181,36 +185,25 @@ static void choice_pick(void) {
     else if (e && strcmp(e, "bytes") == 0) bytes = vbmi;
     if (m && strcmp(m, "pd") == 0) words = 0;
     else if (m && strcmp(m, "words") == 0) words = 1;
-    xs16_choice = bytes ? k3_rows_bf16_xsb16_avx512 : k3_rows_bf16_xs16_avx512;
+    choice.bf16_xs16 = bytes ? k3_rows_bf16_xsb16_avx512 : k3_rows_bf16_xs16_avx512;
     const char *nx = getenv("K3_DECODE_BF16_NEXT"); /* 0: the byte kernel without the next job's prefetch */
-    xs16n_choice = bytes && !(nx && strcmp(nx, "0") == 0) ? k3_rows_bf16_xsb16n_avx512 : NULL;
+    choice.bf16_xs16n = bytes && !(nx && strcmp(nx, "0") == 0) ? k3_rows_bf16_xsb16n_avx512 : NULL;
     /* with the prefetch a thread's first job of a grab is the one not prefetched: larger grabs
      * (K3_DECODE_BF16_CHUNK, jobs of 16 rows; 0 the runtime schedule's own) */
     const char *ch = getenv("K3_DECODE_BF16_CHUNK");
-    xs16n_chunk = ch ? atoi(ch) : 16;
-    if (xs16n_chunk < 0 || xs16n_chunk > 1024) xs16n_chunk = 0;
-    mxxd_choice = words ? k3_rows_mxfp4_xdw_avx512 : k3_rows_mxfp4_xd_avx512;
+    choice.bf16_grab = ch ? atoi(ch) : 16;
+    if (choice.bf16_grab < 0 || choice.bf16_grab > 1024) choice.bf16_grab = 0;
+    choice.mxfp4_xd = words ? k3_rows_mxfp4_xdw_avx512 : k3_rows_mxfp4_xd_avx512;
 }
-static k3_rows_bf16_xs_fn bf16_xs16_for_cpu(void) {
+/* the one-token kernels chosen for this CPU, once */
+static const cpu_choice *choice_for_cpu(void) {
     pthread_once(&choice_once, choice_pick);
-    return xs16_choice;
-}
-static k3_rows_bf16_xsn_fn bf16_xs16n_for_cpu(void) {
-    pthread_once(&choice_once, choice_pick);
-    return xs16n_choice;
-}
-static int bf16_xs16n_chunk(void) {
-    pthread_once(&choice_once, choice_pick);
-    return xs16n_chunk;
-}
-static k3_rows_mxfp4_xd_fn mxfp4_xd_for_cpu(void) {
-    pthread_once(&choice_once, choice_pick);
-    return mxxd_choice;
+    return &choice;
 }
 #endif
 
 static rowblock_fns rowblock_for(const kernels *k) {
-    rowblock_fns b = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0};
+    rowblock_fns b = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0};
 #ifdef K3_HAVE_X86_KERNELS
     /* every CPU with the AVX2 or AVX-512 level has AVX2 + FMA (cpu_has) */
     b.gemm = k->dot_bf16 == k3_dot_bf16_avx512 ? 2 : k->dot_bf16 == k3_dot_bf16_avx2 ? 1 : 0;
@@ -219,13 +212,14 @@ static rowblock_fns rowblock_for(const kernels *k) {
         b.bf16 = k3_rows_bf16_avx512;
         b.bf16_x2 = k3_rows_bf16_x2_avx512;
         b.bf16_xs = k3_rows_bf16_xs_avx512;
-        b.bf16_xs16 = bf16_xs16_for_cpu();
-        b.bf16_xs16n = bf16_xs16n_for_cpu();
+        b.bf16_xs16 = choice_for_cpu()->bf16_xs16;
+        b.bf16_xs16n = choice_for_cpu()->bf16_xs16n;
+        b.bf16_grab = choice_for_cpu()->bf16_grab;
     }
     if (k->dot_mxfp4 == k3_dot_mxfp4_avx512) {
         b.mxfp4 = k3_rows_mxfp4_avx512;
         b.mxfp4_x2 = k3_rows_mxfp4_x2_avx512;
-        b.mxfp4_xd = mxfp4_xd_for_cpu();
+        b.mxfp4_xd = choice_for_cpu()->mxfp4_xd;
     }
     if (k->dot_mxfp4 == k3_dot_mxfp4_avx2) b.mxfp4 = k3_rows_mxfp4_avx2;
     if (k->dot_f32 == k3_dot_f32_avx2) b.f32 = k3_rows_f32_avx2;
@@ -401,6 +395,29 @@ static void x_in_double(size_t n, const float *const *x, const size_t *cols, con
     }
 }
 
+/* The runtime schedule of a region (kind without the monotonic modifier, chunk). */
+typedef struct {
+    omp_sched_t kind;
+    int chunk;
+} job_order;
+/* Whether job j + 1 (< total) is the one the calling thread computes after job j: alone in the
+ * team, or inside the same chunk (dynamic, or static with a chunk: chunks of `chunk` jobs from
+ * job 0), or inside its own range (static without a chunk: libgomp's ranges, the first
+ * total % nth threads one job more). Only a prefetch hint depends on it: a wrong guess costs a
+ * useless prefetch, never a result. */
+static int next_is_mine(const job_order *o, size_t j, size_t total) {
+    if (j + 1 >= total) return 0;
+    const size_t nth = (size_t)omp_get_num_threads();
+    if (nth == 1) return 1;
+    if ((o->kind == omp_sched_dynamic || o->kind == omp_sched_static) && o->chunk > 0)
+        return (j + 1) % (size_t)o->chunk != 0;
+    if (o->kind == omp_sched_static) {
+        const size_t tid = (size_t)omp_get_thread_num(), q = total / nth, r = total % nth;
+        return j + 1 < (tid < r ? (q + 1) * (tid + 1) : q * (tid + 1) + r);
+    }
+    return 0;
+}
+
 void matmul_dense_many(const kernels *k, const dense_weight *W, const float *const *x, size_t ntok, float *const *y,
                        size_t n) {
     if (n > K3_MATMUL_MANY_MAX) {
@@ -436,23 +453,17 @@ void matmul_dense_many(const kernels *k, const dense_weight *W, const float *con
     for (size_t i = 0; i < n; i++)
         first[i + 1] = first[i] + (xs[i] ? (W[i].rows + K3_XS_ROWS - 1) / K3_XS_ROWS : ok[i] ? dense_jobs(&rb, &W[i], gemm[i]) : 0);
     const size_t total = first[n];
-    /* which job a thread computes next (for the one-token kernels' prefetch of it): the next one
-     * unless it starts another thread's chunk of the runtime schedule (dynamic or static with a
-     * chunk: chunks of `chunk` jobs from job 0; static without one: one range a thread) */
-    omp_sched_t kind0, kind;
-    int chunk0, chunk;
+    /* the one-token bf16 kernel may prefetch the job this thread computes next: with it, a dynamic
+     * schedule's grab is made larger for this region (restored after it) */
+    omp_sched_t kind0;
+    int chunk0;
     omp_get_schedule(&kind0, &chunk0);
-    kind = (omp_sched_t)((unsigned)kind0 & 0x7fffffffu); /* without the monotonic modifier */
-    chunk = chunk0;
-    int grab = 0; /* a dynamic schedule's grab made larger for this region (restored after it) */
-#ifdef K3_HAVE_X86_KERNELS
-    if (rb.bf16_xs16n && kind == omp_sched_dynamic && bf16_xs16n_chunk() > chunk)
+    job_order ord = {(omp_sched_t)((unsigned)kind0 & 0x7fffffffu), chunk0}; /* without the monotonic modifier */
+    int grab = 0;
+    if (rb.bf16_xs16n && ord.kind == omp_sched_dynamic && rb.bf16_grab > ord.chunk)
         for (size_t i = 0; i < n && !grab; i++)
-            if (xs[i]) grab = 1, chunk = bf16_xs16n_chunk();
-    if (grab) omp_set_schedule(kind0, chunk);
-#endif
-    const int chunked = (kind == omp_sched_dynamic || kind == omp_sched_static) && chunk > 0,
-              ranges = kind == omp_sched_static && chunk <= 0;
+            if (xs[i]) grab = 1, ord.chunk = rb.bf16_grab;
+    if (grab) omp_set_schedule(kind0, ord.chunk);
     /* one region for all n matmuls: each job finds its matrix (n is a handful) */
 #pragma omp parallel for schedule(runtime)
     for (size_t j = 0; j < total; j++) {
@@ -460,17 +471,10 @@ void matmul_dense_many(const kernels *k, const dense_weight *W, const float *con
         while (j >= first[i + 1]) i++;
         const void *next = NULL;
         size_t next_bytes = 0;
-        if (rb.bf16_xs16n && xs[i] && j + 1 < total) {
-            const size_t nth = (size_t)omp_get_num_threads();
-            int mine = nth == 1 || (chunked && (j + 1) % (size_t)chunk != 0);
-            if (!mine && ranges) { /* libgomp's static ranges: the first total % nth threads one job more */
-                const size_t tid = (size_t)omp_get_thread_num(), q = total / nth, r = total % nth;
-                const size_t end = tid < r ? (q + 1) * (tid + 1) : q * (tid + 1) + r;
-                mine = j + 1 < end;
-            }
+        if (rb.bf16_xs16n && xs[i] && next_is_mine(&ord, j, total)) {
             size_t i2 = i;
             while (j + 1 >= first[i2 + 1]) i2++;
-            if (mine && xs[i2]) {
+            if (xs[i2]) { /* the next job's 16 rows (or fewer at the matrix's end), contiguous */
                 const size_t r0 = (j + 1 - first[i2]) * K3_XS_ROWS, c2 = W[i2].cols;
                 const size_t nr = W[i2].rows - r0 < K3_XS_ROWS ? W[i2].rows - r0 : K3_XS_ROWS;
                 next = (const uint16_t *)W[i2].data + r0 * c2;

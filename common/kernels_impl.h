@@ -53,7 +53,7 @@ void k3_rows_bf16_xs_avx512(const uint16_t *w, const double *xs, size_t n, float
 #define K3_XS_ROWS 16
 void k3_rows_bf16_xs16_avx512(const uint16_t *w, const double *xs, size_t n, float *out);
 /* the same bits, the bytes of each double built by vpermi2b (needs AVX512-VBMI: k3_cpu_has_vbmi);
- * chosen on AMD Zen 4 (kernels.c bf16_xs16_for_cpu) */
+ * chosen on AMD Zen 4 (kernels.c choice_pick) */
 void k3_rows_bf16_xsb16_avx512(const uint16_t *w, const double *xs, size_t n, float *out);
 /* the same bits, prefetching next_bytes at next (the job the thread computes after this one;
  * NULL: none) into L2 meanwhile; chosen with xsb16 (kernels.c) */

@@ -227,6 +227,29 @@ static int print_ceilings(void) {
     return 0;
 }
 
+/* The read bandwidth and FMA peak at `threads` threads alone, without the first touch (about a
+ * second): the ceilings taken just before and just after one engine run, so that its ratio is
+ * also stated against the machine of that moment (a shared host's bandwidth moves by 1.5x
+ * within minutes). The same kernels and best-of rule as print_ceilings. */
+static int print_ceilings_at(int threads) {
+    const size_t n = (size_t)512 << 20;
+    uint8_t *buf = xmalloc(n);
+    fill_random(buf, n, 7);
+    int nthr_all = omp_get_max_threads();
+    omp_set_num_threads(threads);
+    double bw = read_bandwidth(buf, n, 3);
+    int best_s = 1;
+    for (int S = 2; S <= 8; S *= 2) {
+        double b = read_bandwidth_streams(buf, n, S, 3);
+        if (b > bw) { bw = b; best_s = S; }
+    }
+    printf("read_bw_gbs threads=%d %.2f streams_per_thread=%d\n", threads, bw, best_s);
+    printf("fma_peak_gflops threads=%d %.2f\n", threads, fma_peak(3));
+    omp_set_num_threads(nthr_all);
+    free(buf);
+    return 0;
+}
+
 typedef struct {
     const char *what;
     int is_mxfp4;
@@ -399,8 +422,15 @@ int main(int argc, char **argv) {
             only = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--ceilings") == 0) {
             return print_ceilings();
+        } else if (strcmp(argv[i], "--ceilings-at") == 0 && i + 1 < argc) {
+            int t = atoi(argv[++i]);
+            if (t < 1 || t > 4096) {
+                fprintf(stderr, "bench_kernels: bad --ceilings-at %s (a thread count)\n", argv[i]);
+                return 2;
+            }
+            return print_ceilings_at(t);
         } else {
-            fprintf(stderr, "usage: bench_kernels [--simd auto|scalar|avx2|avx512] [--quick] [--gemm [--case N]] | --ceilings\n");
+            fprintf(stderr, "usage: bench_kernels [--simd auto|scalar|avx2|avx512] [--quick] [--gemm [--case N]] | --ceilings | --ceilings-at THREADS\n");
             return 2;
         }
     }

@@ -11,7 +11,9 @@
 #              largest shard and of the last 3 shards read twice, before and after;
 #              without fio: dd iflag=direct, QD 1, a lower bound);
 #   engine     on the real-width model (K3 widths, `make bench-model`): resident decode
-#              at 1 and all threads against its roofline, prefill (N- vs 8-token
+#              at 1 and all threads against its roofline (from the hold's best ceilings, and
+#              again from the read bandwidth and FMA peak taken just before and just after
+#              that run: bench_kernels --ceilings-at), prefill (N- vs 8-token
 #              prompts, N from RUNS' preN entries) against the FMA peak (and the longest preN's
 #              time by phase: --json timing.prefill_phases), a streamed run (--mem-gb 7) against fio,
 #              time to first token split into load_s (weights in: headers, the pinned
@@ -96,13 +98,18 @@ ids_of() {
   echo "$ids"
 }
 
-# run NAME BIN ARGS...: one engine run (the lock is held), --json into $out/NAME.json
+# run NAME BIN ARGS...: one engine run (the lock is held), --json into $out/NAME.json; with
+# ADJ_T set, the read bandwidth and FMA peak at ADJ_T threads are also taken just before and
+# just after the run ($out/NAME.adj0, .adj1: bench_kernels --ceilings-at, about a second each)
 run() {
   local name=$1 bin=$2
   shift 2
+  [ -n "${ADJ_T:-}" ] && bin/bench_kernels --ceilings-at "$ADJ_T" > "$out/$name.adj0"
   log "run $name: $bin $MODEL $(echo "$*" | sed -E 's/--ids ([0-9]+,){8,}[0-9]+/--ids <a prompt of many ids>/')"
   "$bin" "$MODEL" "$@" --json "$out/$name.json" > "$out/$name.ids" 2> "$out/$name.err" ||
     { log "run $name failed: $(tail -n 3 "$out/$name.err")"; rm -f "$out/$name.json"; }
+  [ -n "${ADJ_T:-}" ] && bin/bench_kernels --ceilings-at "$ADJ_T" > "$out/$name.adj1"
+  return 0
 }
 # step WHO NAME: one measurement of binary WHO (new: K3, base: BASE_K3)
 step() {
@@ -112,9 +119,9 @@ step() {
   # or the prompt could still read an expert on its first use)
   "$bin" --help 2>&1 | grep -q -- --preload-experts && pre=--preload-experts
   case $st in
-  dec) run "$who-dec$NT" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --preset max $pre ;;
+  dec) ADJ_T=$NT run "$who-dec$NT" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --preset max $pre ;;
   pre[0-9]*) run "$who-$st" "$bin" --ids "$(ids_of "${st#pre}")" --gen 1 --workers 0 --threads "$NT" --preset max $pre ;; # prefill only
-  dec1) if [ "$NT" -gt 1 ]; then run "$who-dec1" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads 1 --preset max $pre; fi ;;
+  dec1) if [ "$NT" -gt 1 ]; then ADJ_T=1 run "$who-dec1" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads 1 --preset max $pre; fi ;;
   stream) run "$who-stream" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --mem-gb "$STREAM_GB" ;;
   streampf) run "$who-streampf" "$bin" --ids "$ids8" --gen "$GEN" --workers 0 --threads "$NT" --mem-gb "$STREAM_GB" --expert-prefetch on ;;
   # mmap: the pinned trunk mapped from the page cache; the first run fills the cache, the second is a warm restart
@@ -234,8 +241,17 @@ def cpu_per_tok(j, threads):
     t = j["timing"]
     return t["decode_cpu_s"] / t["decode_tokens"] / threads if t.get("decode_cpu_s") and t["decode_tokens"] else float("nan")
 
-def roofline(threads):
-    return dec_bytes / (cl[("read_bw_gbs", threads)] * 1e9) + 2 * expert_macs / (cl[("fma_peak_gflops", threads)] * 1e9)
+def roofline(threads, c=None):
+    c = c or cl
+    return dec_bytes / (c[("read_bw_gbs", threads)] * 1e9) + 2 * expert_macs / (c[("fma_peak_gflops", threads)] * 1e9)
+
+def adjacent(name):
+    """the ceilings taken just before and just after run NAME (the higher of the two), or None"""
+    p0, p1 = f"{out}/{name}.adj0", f"{out}/{name}.adj1"
+    if not (os.path.exists(p0) and os.path.exists(p1)):
+        return None
+    a0, a1 = ceil(p0), ceil(p1)
+    return {k: max(a0[k], a1.get(k, 0)) for k in a0}, a0, a1
 
 model_name = subprocess.run(["sh", "-c", "lscpu | sed -n 's/^Model name:[[:space:]]*//p'"], capture_output=True, text=True).stdout.strip()
 print(f"Machine: {model_name}, {nt} threads, {os.sysconf('SC_PAGE_SIZE') * os.sysconf('SC_PHYS_PAGES') / 2**30:.0f} GiB, "
@@ -270,6 +286,14 @@ for who in ["new"] + (["base"] if base_k3 else []):
         if mn:  # the fastest step: a shared host's other load only slows steps
             rows.append((label, f"resident decode, {th} thread(s), fastest step s/token", f"{mn:.3f}",
                          f"roofline {rf:.3f} s", f"{100 * rf / mn:.0f} %", ""))
+        adj = adjacent(f"{who}-dec{th}")
+        if adj:  # the same run against the machine of its own minute (the hold's best ceilings above are stricter)
+            ca, a0, a1 = adj
+            ra = roofline(th, ca)
+            k = ("read_bw_gbs", th)
+            rows.append((label, f"resident decode, {th} thread(s), s/token against the ceilings taken just before / after this run "
+                         f"(read {a0[k]:.1f} / {a1.get(k, 0):.1f} GB/s, FMA {a0[('fma_peak_gflops', th)]:.1f} / {a1.get(('fma_peak_gflops', th), 0):.1f}: the higher)",
+                         f"{s:.3f}", f"roofline {ra:.3f} s", f"{100 * ra / s:.0f} %", ""))
         cs = cpu_per_tok(j, th)
         if cs == cs:
             rows.append((label, f"resident decode, {th} thread(s), CPU s/token / threads (the CPU share the host gave: {100 * cs / s:.0f} %)",

@@ -57,6 +57,7 @@ log "waiting for $BENCH_LOCK"
 exec 9>> "$BENCH_LOCK"
 flock 9
 load0=$(cut -d' ' -f1-3 /proc/loadavg)
+head -n1 /proc/stat > "$out/stat0" # the guest's CPU time by kind: steal is time the hypervisor ran something else
 log "ceilings (before)"
 bin/bench_kernels --ceilings > "$out/ceil0.txt"
 
@@ -168,6 +169,7 @@ if [ "$fio_gbs" = 0 ]; then # no fio: dd O_DIRECT at queue depth 1 (a lower boun
   fi
 fi
 load1=$(cut -d' ' -f1-3 /proc/loadavg)
+head -n1 /proc/stat > "$out/stat1"
 flock -u 9
 
 /usr/bin/python3 - "$out" "$MODEL" "$NT" "$fio_gbs" "$load0" "$load1" "$GEN" "$STREAM_GB" "${BASE_K3:-}" "$K3" "$fio_how" "$RUNS" << 'EOF'
@@ -259,6 +261,13 @@ print(f"Machine: {model_name}, {nt} threads, {os.sysconf('SC_PAGE_SIZE') * os.sy
 print(f"Model: `{model}` ({bf16_trunk/1e9:.2f} GB trunk + {bf16_lm/1e9:.2f} GB lm head bf16 read per decode token, "
       f"{expert_macs/1e9:.2f} G exact MXFP4 multiply-adds per token; prefill {pre_flop/1e9:.2f} GFLOP of matmuls per prompt token, "
       f"plus attention: {kda_flop_per_tok/1e9:.3f} GFLOP of KDA and {mla_flop_per_pos/1e6:.3f} MFLOP of MLA per position attended).")
+def stat(path):
+    f = open(path).read().split()
+    return [int(v) for v in f[1:]] if f and f[0] == "cpu" else []
+s0, s1 = stat(f"{out}/stat0"), stat(f"{out}/stat1")
+if len(s0) >= 8 and len(s1) >= 8:  # user nice system idle iowait irq softirq steal
+    d = [b - a for a, b in zip(s0[:8], s1[:8])]
+    print(f"CPU time stolen by the hypervisor during the hold (/proc/stat steal): {100 * d[7] / max(1, sum(d)):.1f} % of all CPU time.")
 print(f"Command: `make bench-limits` (scripts/bench_limits.sh; K3={k3}{', BASE_K3=' + base_k3 if base_k3 else ''}).\n")
 print("| ceiling | 1 thread | %d threads |" % nt)
 print("|---|---|---|")

@@ -212,9 +212,10 @@ static rowblock_fns rowblock_for(const kernels *k) {
         b.bf16 = k3_rows_bf16_avx512;
         b.bf16_x2 = k3_rows_bf16_x2_avx512;
         b.bf16_xs = k3_rows_bf16_xs_avx512;
-        b.bf16_xs16 = choice_for_cpu()->bf16_xs16;
-        b.bf16_xs16n = choice_for_cpu()->bf16_xs16n;
-        b.bf16_grab = choice_for_cpu()->bf16_grab;
+        const cpu_choice *ch = choice_for_cpu();
+        b.bf16_xs16 = ch->bf16_xs16;
+        b.bf16_xs16n = ch->bf16_xs16n;
+        b.bf16_grab = ch->bf16_grab;
     }
     if (k->dot_mxfp4 == k3_dot_mxfp4_avx512) {
         b.mxfp4 = k3_rows_mxfp4_avx512;

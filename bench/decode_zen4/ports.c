@@ -13,7 +13,7 @@ static double now(void){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);retu
 #define F "vfmadd231pd %%zmm8,%%zmm9,%%zmm0\n vfmadd231pd %%zmm8,%%zmm9,%%zmm1\n vfmadd231pd %%zmm8,%%zmm9,%%zmm2\n vfmadd231pd %%zmm8,%%zmm9,%%zmm3\n vfmadd231pd %%zmm8,%%zmm9,%%zmm4\n vfmadd231pd %%zmm8,%%zmm9,%%zmm5\n vfmadd231pd %%zmm8,%%zmm9,%%zmm6\n vfmadd231pd %%zmm8,%%zmm9,%%zmm7\n"
 #define T(NAME, NF, OPS) static void NAME(void){ long n=20000000; static char buf[4096] __attribute__((aligned(64))); char*p=buf; double t=now(); \
   __asm__ volatile("vxorpd %%zmm0,%%zmm0,%%zmm0\n vxorpd %%zmm1,%%zmm1,%%zmm1\n vxorpd %%zmm2,%%zmm2,%%zmm2\n vxorpd %%zmm3,%%zmm3,%%zmm3\n vxorpd %%zmm4,%%zmm4,%%zmm4\n vxorpd %%zmm5,%%zmm5,%%zmm5\n vxorpd %%zmm6,%%zmm6,%%zmm6\n vxorpd %%zmm7,%%zmm7,%%zmm7\n vxorpd %%zmm8,%%zmm8,%%zmm8\n vxorpd %%zmm9,%%zmm9,%%zmm9\n vpxorq %%zmm10,%%zmm10,%%zmm10\n vpxorq %%zmm11,%%zmm11,%%zmm11\n kxnorq %%k1,%%k1,%%k1\n" \
-  "1:\n" NF OPS "dec %0\n jnz 1b\n" : "+r"(n) : "r"(p) : "memory","xmm0","xmm1","xmm2","xmm3","xmm4","xmm5","xmm6","xmm7","xmm8","xmm9","xmm10","xmm11","xmm16","xmm17","xmm18","xmm19","xmm20","xmm21","xmm22","xmm23","xmm24","xmm25","xmm26","xmm27","xmm28","xmm29","xmm30","xmm31","k1"); \
+  "1:\n" NF OPS "dec %0\n jnz 1b\n" : "+r"(n) : "r"(p) : "memory","xmm0","xmm1","xmm2","xmm3","xmm4","xmm5","xmm6","xmm7","xmm8","xmm9","xmm10","xmm11","xmm16","xmm17","xmm18","xmm19","xmm20","xmm21","xmm22","xmm23","xmm24","xmm25","xmm26","xmm27","xmm28","xmm29","xmm30","xmm31","k1","rax","rcx","rdx","rsi","rdi","r8","r9","r10"); \
   t=now()-t; printf("%-40s %.2f cycles/iter (at 3.62 GHz)\n", #NAME, t/20000000*1e9*3.62); }
 #define Q8(op) op " %%zmm10,%%zmm11,%%zmm16\n" op " %%zmm10,%%zmm11,%%zmm17\n" op " %%zmm10,%%zmm11,%%zmm18\n" op " %%zmm10,%%zmm11,%%zmm19\n" op " %%zmm10,%%zmm11,%%zmm20\n" op " %%zmm10,%%zmm11,%%zmm21\n" op " %%zmm10,%%zmm11,%%zmm22\n" op " %%zmm10,%%zmm11,%%zmm23\n"
 #define QI8(op) op " $3,%%zmm10,%%zmm16\n" op " $3,%%zmm10,%%zmm17\n" op " $3,%%zmm10,%%zmm18\n" op " $3,%%zmm10,%%zmm19\n" op " $3,%%zmm10,%%zmm20\n" op " $3,%%zmm10,%%zmm21\n" op " $3,%%zmm10,%%zmm22\n" op " $3,%%zmm10,%%zmm23\n"
@@ -98,6 +98,17 @@ T(fma8_vpsravw, F, RR("vpsravw"))
 T(fma8_vpsraq, F, U8("vpsraq $3,","%%zmm10","zmm"))
 T(fma8_vpsrad, F, U8("vpsrad $3,","%%zmm10","zmm"))
 T(fma8_vpermt2w, F, RR("vpermt2w"))
+/* the MXFP4 one-token kernel's loop body (tenth session): per 8 weights a broadcast load, a
+ * vpsllvq and a zero-masked vpermw beside the FMA; and GPR spills (vmovq xmm -> GPR) */
+#define BQD "vpbroadcastq (%1),%%zmm16\n vpbroadcastd 4(%1),%%zmm17\n vpbroadcastq 16(%1),%%zmm18\n vpbroadcastd 20(%1),%%zmm19\n vpbroadcastq 32(%1),%%zmm20\n vpbroadcastd 36(%1),%%zmm21\n vpbroadcastq 48(%1),%%zmm22\n vpbroadcastd 52(%1),%%zmm23\n"
+#define PWZ(d) "vpermw %%zmm10,%%zmm11,%%zmm" #d "%{%%k1%}%{z%}\n"
+#define PW8 PWZ(24) PWZ(25) PWZ(26) PWZ(27) PWZ(28) PWZ(29) PWZ(30) PWZ(31)
+#define MQ "vmovq %%xmm12,%%rax\n vmovq %%xmm12,%%rcx\n vmovq %%xmm12,%%rdx\n vmovq %%xmm12,%%rsi\n vmovq %%xmm12,%%rdi\n vmovq %%xmm12,%%r8\n vmovq %%xmm12,%%r9\n vmovq %%xmm12,%%r10\n"
+T(fma8_vpermwz8, F, PW8)
+T(fma8_sllv8_vpermwz8, F, Q8("vpsllvq") PW8)
+T(fma8_bcqd8, F, BQD)
+T(fma8_bcqd8_sllv8_vpermwz8, F, BQD Q8("vpsllvq") PW8)
+T(fma8_movq_gpr8, F, MQ)
 int main(void) {
     fma8_only();
     ops_only_vpermb();
@@ -171,5 +182,10 @@ int main(void) {
     fma8_vpsraq();
     fma8_vpsrad();
     fma8_vpermt2w();
+    fma8_vpermwz8();
+    fma8_sllv8_vpermwz8();
+    fma8_bcqd8();
+    fma8_bcqd8_sllv8_vpermwz8();
+    fma8_movq_gpr8();
     return 0;
 }

@@ -466,6 +466,75 @@ static void topw_init(void) {
 MXW_ROWS(mxw8, 8, 1)
 MXW_ROWS(mxw16, 16, 1)
 
+/* The repacked layout (tenth session: what a load-time repack of the nibbles would give): per
+ * row and 128 columns (4 blocks, 64 bytes), qword l holds lane l's 16 codes, code j (block j / 4,
+ * group j % 4: column 32 (j / 4) + 8 (j % 4) + l) at bits 4j..4j+3. Per 8 weights one immediate
+ * shift of a plain load (code j to bits 48..51: left 48 - 4j, or right 4j - 48), the zero-masked
+ * vpermw and the FMA: no broadcast. The same doubles into the same FMAs in the same order as
+ * mxw8: the same bits. n % 128 == 0. */
+static void mx_repack(const uint8_t *src, uint8_t *dst, size_t rows, size_t cols) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t q = 0; q < cols / 128; q++) {
+            uint64_t w[8] = {0};
+            for (int j = 0; j < 16; j++)
+                for (int l = 0; l < 8; l++) {
+                    size_t c = q * 128 + 32 * (size_t)(j / 4) + 8 * (size_t)(j % 4) + (size_t)l;
+                    uint8_t b = src[r * cols / 2 + c / 2];
+                    uint64_t code = c % 2 ? b >> 4 : b & 15;
+                    w[l] |= code << (4 * j);
+                }
+            memcpy(dst + r * cols / 2 + q * 64, w, 64);
+        }
+}
+#define MXR_IDX(Q, j) ((j) <= 12 ? _mm512_slli_epi64(Q, 48 - 4 * (j)) : _mm512_srli_epi64(Q, 4 * (j) - 48))
+#define MXR_FMA(A, Q, TW, XB, j) \
+    A = _mm512_fmadd_pd(_mm512_castsi512_pd(_mm512_maskz_permutexvar_epi16(0x88888888u, MXR_IDX(Q, j), TW)), \
+                        _mm512_loadu_pd((XB) + 32 * ((j) / 4) + 8 * ((j) % 4)), A)
+#define MXR_BLOCK(A, Q, S, XB, bb) do { const __m512i tw_ = _mm512_load_si512((const void *)topw[(S)[bb]]); \
+    MXR_FMA(A, Q, tw_, XB, 4 * (bb)); MXR_FMA(A, Q, tw_, XB, 4 * (bb) + 1); \
+    MXR_FMA(A, Q, tw_, XB, 4 * (bb) + 2); MXR_FMA(A, Q, tw_, XB, 4 * (bb) + 3); } while (0)
+static void mxr8(const uint8_t *packed, const uint8_t *scales, const double *xd, size_t n, float *out) {
+    enum { R = 8 };
+    const size_t pr = n / 2, sr = n / 32, nq = n / 128;
+    __m512d a[R];
+    for (int r = 0; r < R; r++) a[r] = _mm512_setzero_pd();
+    for (size_t q = 0; q < nq; q++) {
+        { /* the next 8 rows into L2, 4 x 2 lines a step (as mxw8's 2 lines a block) */
+            const char *pn = (const char *)packed + (size_t)R * pr + q * ((size_t)R * pr / nq);
+            for (size_t o = 0; o < (size_t)R * pr / nq; o += 64) _mm_prefetch(pn + o, _MM_HINT_T1);
+            if (q == 0)
+                for (size_t o = 0; o < (size_t)R * sr; o += 64) _mm_prefetch((const char *)scales + (size_t)R * sr + o, _MM_HINT_T1);
+        }
+        const double *xb = xd + q * 128;
+        __m512i Q[R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            Q[r] = _mm512_loadu_si512((const void *)(packed + (size_t)r * pr + q * 64));
+            __asm__("" : "+v"(Q[r])); /* in a register, not folded into each shift */
+        }
+#define MXR_STEP(j)                                                                                      \
+    do {                                                                                                 \
+        const __m512d x_ = _mm512_loadu_pd(xb + 32 * ((j) / 4) + 8 * ((j) % 4));                         \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) a[r] = _mm512_fmadd_pd(                      \
+            _mm512_castsi512_pd(_mm512_maskz_permutexvar_epi16(0x88888888u, MXR_IDX(Q[r], j), tw[r])), x_, a[r]); \
+    } while (0)
+#define MXR_BB(bb)                                                                                       \
+    do {                                                                                                 \
+        __m512i tw[R];                                                                                   \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) tw[r] =                                      \
+            _mm512_load_si512((const void *)topw[scales[(size_t)r * sr + q * 4 + (bb)]]);               \
+        MXR_STEP(4 * (bb)); MXR_STEP(4 * (bb) + 1); MXR_STEP(4 * (bb) + 2); MXR_STEP(4 * (bb) + 3);      \
+    } while (0)
+        MXR_BB(0);
+        MXR_BB(1);
+        MXR_BB(2);
+        MXR_BB(3);
+#undef MXR_BB
+#undef MXR_STEP
+    }
+    for (int r = 0; r < R; r++) out[r] = red8(a[r]);
+}
+
 static void lib_mx(const uint8_t *p, const uint8_t *s, const double *xd, size_t n, float *o) {
     k3_rows_mxfp4_xd_avx512(p, s, xd, n, o);
 }
@@ -477,6 +546,7 @@ typedef struct {
     mx_fn fn;
     const void *f32fn; /* a float-x kernel (AVX2) instead */
     int rows;
+    int repacked; /* takes mxm.rp (mx_repack's layout) */
 } mx_var;
 static void avx2_mx_stub(const uint8_t *p, const uint8_t *s, const double *xd, size_t n, float *o) {
     (void)p, (void)s, (void)xd, (void)n, (void)o;
@@ -486,13 +556,15 @@ static const mx_var MX[] = {
     {"mx8 srlv next", mx8_srlv, NULL, 8},       {"mx8 multishift next", mx8_ms, NULL, 8},
     {"mx4 srlv next", mx4_srlv, NULL, 4},       {"mx16 srlv next", mx16_srlv, NULL, 16},
     {"mx16 multishift next", mx16_ms, NULL, 16}, {"mx8 srlv no prefetch", mx8_srlv_nopf, NULL, 8},
-    {"mxw8 sllv+vpermw", mxw8, NULL, 8}, {"mxw16 sllv+vpermw", mxw16, NULL, 16},
+    {"mxw8 sllv+vpermw", mxw8, NULL, 8, 0}, {"mxw16 sllv+vpermw", mxw16, NULL, 16, 0},
+    {"mxr8 repacked, no bcast", mxr8, NULL, 8, 1},
 };
 #define NMX (sizeof MX / sizeof MX[0])
 
 typedef struct {
     size_t rows, cols;
     uint8_t *p, *s;
+    uint8_t *rp; /* the packed bytes in mx_repack's layout */
 } mxm;
 
 static void mx_call(const mx_var *v, const mxm *m, size_t nm, const float *const *x, const double *const *xd,
@@ -508,7 +580,7 @@ static void mx_call(const mx_var *v, const mxm *m, size_t nm, const float *const
         const size_t r0 = (j - first[i]) * R, c = m[i].cols;
         if (v->f32fn)
             ((k3_rows_mxfp4_fn)v->f32fn)(m[i].p + r0 * c / 2, m[i].s + r0 * c / 32, x[i], c, y[i] + r0);
-        else v->fn(m[i].p + r0 * c / 2, m[i].s + r0 * c / 32, xd[i], c, y[i] + r0);
+        else v->fn((v->repacked ? m[i].rp : m[i].p) + r0 * c / 2, m[i].s + r0 * c / 32, xd[i], c, y[i] + r0);
     }
 }
 
@@ -533,6 +605,8 @@ static void bench_mx(int reps, int l2) {
             memcpy(m[e].p + i, &r, 8);
         }
         for (size_t i = 0; i < rows * cols / 32; i++) m[e].s[i] = (uint8_t)(110 + rng(&sd) % 30);
+        m[e].rp = weight_mem_alloc(rows * cols / 2);
+        mx_repack(m[e].p, m[e].rp, rows, cols);
     }
     float *xa = aligned_alloc(64, 3584 * 4), *xb = aligned_alloc(64, 3584 * 4);
     double *xda = aligned_alloc(64, 3584 * 8), *xdb = aligned_alloc(64, 3584 * 8);

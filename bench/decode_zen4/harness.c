@@ -466,6 +466,16 @@ static void topw_init(void) {
 MXW_ROWS(mxw8, 8, 1)
 MXW_ROWS(mxw16, 16, 1)
 
+/* the next R rows (R * pr packed bytes, R * sr scales) into L2, spread over the steps of a row:
+ * step i of n prefetches its share (and the scales at step 0) */
+static inline void prefetch_next_rows(const uint8_t *packed, const uint8_t *scales, size_t R, size_t pr, size_t sr,
+                                      size_t n, size_t i) {
+    const char *pn = (const char *)packed + R * pr + i * (R * pr / n);
+    for (size_t o = 0; o < R * pr / n; o += 64) _mm_prefetch(pn + o, _MM_HINT_T1);
+    if (i == 0)
+        for (size_t o = 0; o < R * sr; o += 64) _mm_prefetch((const char *)scales + R * sr + o, _MM_HINT_T1);
+}
+
 /* mxw8 with the 8 rows innermost (tenth session): per block, group by group, each row's
  * broadcast + shift + vpermw + FMA (8 independent chains between two FMAs of a chain, as mxr8)
  * instead of each row's 4 chained FMAs in turn. The same operations: the same bits. */
@@ -477,12 +487,7 @@ static void mxw8ri(const uint8_t *packed, const uint8_t *scales, const double *x
     for (int r = 0; r < R; r++) a[r] = _mm512_setzero_pd();
     for (size_t b = 0; b < nb; b++) {
         const uint8_t *p = packed + b * 16;
-        {
-            const char *q = (const char *)packed + (size_t)R * pr + b * ((size_t)R * pr / nb);
-            for (size_t o = 0; o < (size_t)R * pr / nb; o += 64) _mm_prefetch(q + o, _MM_HINT_T1);
-            if (b == 0)
-                for (size_t o = 0; o < (size_t)R * sr; o += 64) _mm_prefetch((const char *)scales + (size_t)R * sr + o, _MM_HINT_T1);
-        }
+        prefetch_next_rows(packed, scales, R, pr, sr, nb, b);
         const double *xb = xd + b * 32;
         __m512i tw[R];
 #pragma GCC unroll 8
@@ -542,12 +547,7 @@ static void mxr8(const uint8_t *packed, const uint8_t *scales, const double *xd,
     __m512d a[R];
     for (int r = 0; r < R; r++) a[r] = _mm512_setzero_pd();
     for (size_t q = 0; q < nq; q++) {
-        { /* the next 8 rows into L2, 4 x 2 lines a step (as mxw8's 2 lines a block) */
-            const char *pn = (const char *)packed + (size_t)R * pr + q * ((size_t)R * pr / nq);
-            for (size_t o = 0; o < (size_t)R * pr / nq; o += 64) _mm_prefetch(pn + o, _MM_HINT_T1);
-            if (q == 0)
-                for (size_t o = 0; o < (size_t)R * sr; o += 64) _mm_prefetch((const char *)scales + (size_t)R * sr + o, _MM_HINT_T1);
-        }
+        prefetch_next_rows(packed, scales, R, pr, sr, nq, q); /* as mxw8: 2 lines a block */
         const double *xb = xd + q * 128;
         __m512i Q[R];
 #pragma GCC unroll 8

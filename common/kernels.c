@@ -674,6 +674,37 @@ void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *con
     }
 }
 
+/* code of column c of a release-layout row (byte c / 2, low nibble for even c) */
+static inline unsigned mxfp4_code_at(const uint8_t *row, size_t c) { return c % 2 ? row[c / 2] >> 4 : row[c / 2] & 15u; }
+
+void k3_mxfp4_to_lanes(const uint8_t *src, uint8_t *dst, size_t rows, size_t cols) {
+    for (size_t r = 0; r < rows; r++) {
+        const uint8_t *row = src + r * (cols / 2);
+        for (size_t q = 0; q < cols / K3_MXFP4_LANE_COLS; q++) {
+            uint64_t w[8] = {0};
+            for (size_t l = 0; l < 8; l++)
+                for (size_t j = 0; j < 16; j++) w[l] |= (uint64_t)mxfp4_code_at(row, q * K3_MXFP4_LANE_COLS + 8 * j + l) << (4 * j);
+            memcpy(dst + r * (cols / 2) + q * 64, w, sizeof w);
+        }
+    }
+}
+
+void k3_mxfp4_from_lanes(const uint8_t *src, uint8_t *dst, size_t rows, size_t cols) {
+    for (size_t r = 0; r < rows; r++) {
+        uint8_t *row = dst + r * (cols / 2);
+        for (size_t q = 0; q < cols / K3_MXFP4_LANE_COLS; q++) {
+            uint64_t w[8];
+            memcpy(w, src + r * (cols / 2) + q * 64, sizeof w);
+            for (size_t l = 0; l < 8; l++)
+                for (size_t j = 0; j < 16; j++) {
+                    const size_t c = q * K3_MXFP4_LANE_COLS + 8 * j + l;
+                    const unsigned code = (unsigned)(w[l] >> (4 * j)) & 15u;
+                    row[c / 2] = (uint8_t)(c % 2 ? (row[c / 2] & 0x0f) | (code << 4) : (row[c / 2] & 0xf0) | code);
+                }
+        }
+    }
+}
+
 int mxfp4_check_scales(const mxfp4_weight *W, size_t *bad_row) {
     const size_t per_row = W->cols / 32;
     for (size_t r = 0; r < W->rows; r++) {

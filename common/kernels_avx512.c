@@ -700,6 +700,62 @@ void k3_rows_mxfp4_xdw_avx512(const uint8_t *packed, const uint8_t *scales, cons
     K3_ACC_OUT(out, a0, a1, a2, a3, a4, a5, a6, a7);
 }
 
+/* The same 8 rows from the lane layout (k3_mxfp4_to_lanes): per 128 columns each row's 64 bytes
+ * are loaded once and kept in a register; code j of lane l is brought to bits 48..51 of its qword
+ * by one immediate shift (left by 48 - 4j, or right by 4j - 48: bit 52 is then the next code's
+ * or zero, and the 32-word table holds every code twice), then the same zero-masked vpermw of
+ * mxfp4_topw and the same FMA as k3_rows_mxfp4_xdw_avx512, with the 8 rows innermost (8
+ * independent chains between two FMAs of one chain). Per 8 weights a shift, a vpermw and an FMA
+ * and no broadcast (xdw's four broadcast loads per 32 weights are what holds it at ~1.85 cycles
+ * per 8 weights instead of 1.5 on Zen 4: bench/decode_zen4/ports.c). Measured in
+ * bench/decode_zen4/harness.c (its mxr8, 2026-12-02, 16 of 48 rw6 experts from memory, GFLOP/s
+ * best / median, three holds): 1 thread 31.6-33.3 / 28.4-32.4 against xdw's 28.8-31.0 /
+ * 23.7-27.7, 2 threads 62.2-65.6 / 55.5-58.8 against 51.8-59.6 / 46.5-50.3. The same doubles into
+ * the same FMAs in the same order: the bits of xdw. n % K3_MXFP4_LANE_COLS == 0. */
+#define K3_MXL_IDX(Q, j) ((j) <= 12 ? _mm512_slli_epi64(Q, (48 - 4 * (j)) & 63) : _mm512_srli_epi64(Q, (4 * (j) - 48) & 63))
+void k3_rows_mxfp4_xdl_avx512(const uint8_t *lanes, const uint8_t *scales, const double *xd, size_t n, float *out) {
+    pthread_once(&mxfp4_topw_once, mxfp4_topw_init);
+    enum { R = 8 };
+    const size_t pr = n / 2, sr = n / 32, nb = n / 32, nq = n / K3_MXFP4_LANE_COLS;
+    __m512d a[R];
+    for (int r = 0; r < R; r++) a[r] = _mm512_setzero_pd();
+    for (size_t q = 0; q < nq; q++) {
+        if (K3_MX_NEXT)
+            for (size_t b = 4 * q; b < 4 * q + 4; b++) mxfp4_prefetch_next(lanes, scales, pr, sr, nb, b);
+        const double *xb = xd + q * K3_MXFP4_LANE_COLS;
+        __m512i Q[R];
+#pragma GCC unroll 8
+        for (int r = 0; r < R; r++) {
+            Q[r] = _mm512_loadu_si512((const void *)(lanes + (size_t)r * pr + q * 64));
+            __asm__("" : "+v"(Q[r])); /* in a register, not a memory operand of every shift */
+        }
+#define K3_MXL_STEP(j)                                                                                      \
+    do {                                                                                                    \
+        const __m512d x_ = _mm512_loadu_pd(xb + 8 * (j));                                                   \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++)                                                 \
+            a[r] = fma8(a[r], mxfp4_w16(K3_MXL_IDX(Q[r], j), tw[r]), x_);                                   \
+    } while (0)
+#define K3_MXL_BLOCK(bb)                                                                                    \
+    do {                                                                                                    \
+        __m512i tw[R];                                                                                      \
+        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) tw[r] =                                         \
+            _mm512_load_si512((const void *)mxfp4_topw[scales[(size_t)r * sr + 4 * q + (bb)]]);             \
+        K3_MXL_STEP(4 * (bb));                                                                              \
+        K3_MXL_STEP(4 * (bb) + 1);                                                                          \
+        K3_MXL_STEP(4 * (bb) + 2);                                                                          \
+        K3_MXL_STEP(4 * (bb) + 3);                                                                          \
+    } while (0)
+        K3_MXL_BLOCK(0);
+        K3_MXL_BLOCK(1);
+        K3_MXL_BLOCK(2);
+        K3_MXL_BLOCK(3);
+#undef K3_MXL_BLOCK
+#undef K3_MXL_STEP
+    }
+    K3_ACC_OUT(out, a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]);
+}
+#undef K3_MXL_IDX
+
 /* 4 rows x 2 tokens (x and x + n): each decoded weight vector serves both tokens;
  * out[j] token 0 of row j, out[8 + j] token 1. The 8-row _x2 kernel runs it twice. */
 typedef struct {

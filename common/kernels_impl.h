@@ -42,6 +42,10 @@ typedef void (*k3_rows_mxfp4_xd_fn)(const uint8_t *packed, const uint8_t *scales
 void k3_rows_mxfp4_xd_avx512(const uint8_t *packed, const uint8_t *scales, const double *xd, size_t n, float *out);
 /* the same bits with a one-source lookup (vpermw of the doubles' top words); chosen on AMD Zen 4 */
 void k3_rows_mxfp4_xdw_avx512(const uint8_t *packed, const uint8_t *scales, const double *xd, size_t n, float *out);
+/* the same bits from the lane layout of the codes (k3_mxfp4_to_lanes; n % K3_MXFP4_LANE_COLS == 0):
+ * one plain load per row and 128 columns instead of four broadcasts per 32 (tested, not yet chosen
+ * by the drivers: docs/PERFORMANCE.md, "Tenth session") */
+void k3_rows_mxfp4_xdl_avx512(const uint8_t *lanes, const uint8_t *scales, const double *xd, size_t n, float *out);
 void k3_rows_bf16_x2_avx512(const uint16_t *w, const float *x, size_t n, float *out);
 /* x given in double and scaled: xs[i] == (double)x[i] * 2^896 (K3_BF16_XS_SCALE; exact, finite
  * for every finite float): the bits of k3_rows_bf16_avx512 for finite weights (the only ones a
@@ -92,6 +96,15 @@ void k3_gemm_bf16_avx512(const uint16_t *w, size_t rows, size_t cols, size_t r0,
 void k3_gemm_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, size_t rows, size_t cols, size_t r0,
                           size_t nr, const float *x, size_t ntok, float *y, double *ws);
 #endif
+
+/* The lane layout of MXFP4 codes (kernels.c; k3_rows_mxfp4_xdl_avx512 reads it): per row and
+ * K3_MXFP4_LANE_COLS (128) columns, 64 bytes, 64-bit word l holds the codes of columns 8j + l
+ * (j = 0..15), code j at bits 4j..4j+3: lane l of the contract's 8 lanes gets all its codes of 4
+ * blocks from one word. The scales are unchanged. cols % 128 == 0; src and dst do not overlap.
+ * k3_mxfp4_from_lanes is the inverse. */
+#define K3_MXFP4_LANE_COLS 128
+void k3_mxfp4_to_lanes(const uint8_t *src, uint8_t *dst, size_t rows, size_t cols);
+void k3_mxfp4_from_lanes(const uint8_t *src, uint8_t *dst, size_t rows, size_t cols);
 
 /* 2^(s-127) as a double, exact for every byte s (s = 0 gives 2^-127, a normal double). */
 static inline double k3_mxfp4_scale(uint8_t s) {

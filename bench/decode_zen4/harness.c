@@ -519,21 +519,8 @@ static void mxw8ri(const uint8_t *packed, const uint8_t *scales, const double *x
  * group j % 4: column 32 (j / 4) + 8 (j % 4) + l) at bits 4j..4j+3. Per 8 weights one immediate
  * shift of a plain load (code j to bits 48..51: left 48 - 4j, or right 4j - 48), the zero-masked
  * vpermw and the FMA: no broadcast. The same doubles into the same FMAs in the same order as
- * mxw8: the same bits. n % 128 == 0. */
-static void mx_repack(const uint8_t *src, uint8_t *dst, size_t rows, size_t cols) {
-    for (size_t r = 0; r < rows; r++)
-        for (size_t q = 0; q < cols / 128; q++) {
-            uint64_t w[8] = {0};
-            for (int j = 0; j < 16; j++)
-                for (int l = 0; l < 8; l++) {
-                    size_t c = q * 128 + 32 * (size_t)(j / 4) + 8 * (size_t)(j % 4) + (size_t)l;
-                    uint8_t b = src[r * cols / 2 + c / 2];
-                    uint64_t code = c % 2 ? b >> 4 : b & 15;
-                    w[l] |= code << (4 * j);
-                }
-            memcpy(dst + r * cols / 2 + q * 64, w, 64);
-        }
-}
+ * mxw8: the same bits. n % 128 == 0. The layout is the library's k3_mxfp4_to_lanes; its kernel
+ * k3_rows_mxfp4_xdl_avx512 is this one. */
 #define MXR_IDX(Q, j) ((j) <= 12 ? _mm512_slli_epi64(Q, 48 - 4 * (j)) : _mm512_srli_epi64(Q, 4 * (j) - 48))
 #define MXR_FMA(A, Q, TW, XB, j) \
     A = _mm512_fmadd_pd(_mm512_castsi512_pd(_mm512_maskz_permutexvar_epi16(0x88888888u, MXR_IDX(Q, j), TW)), \
@@ -584,6 +571,9 @@ static void lib_mx(const uint8_t *p, const uint8_t *s, const double *xd, size_t 
 static void lib_mxw(const uint8_t *p, const uint8_t *s, const double *xd, size_t n, float *o) {
     k3_rows_mxfp4_xdw_avx512(p, s, xd, n, o);
 }
+static void lib_mxl(const uint8_t *p, const uint8_t *s, const double *xd, size_t n, float *o) {
+    k3_rows_mxfp4_xdl_avx512(p, s, xd, n, o);
+}
 typedef struct {
     const char *name;
     mx_fn fn;
@@ -601,6 +591,7 @@ static const mx_var MX[] = {
     {"mx16 multishift next", mx16_ms, NULL, 16}, {"mx8 srlv no prefetch", mx8_srlv_nopf, NULL, 8},
     {"mxw8 sllv+vpermw", mxw8, NULL, 8, 0}, {"mxw16 sllv+vpermw", mxw16, NULL, 16, 0},
     {"mxw8ri rows innermost", mxw8ri, NULL, 8, 0}, {"mxr8 repacked, no bcast", mxr8, NULL, 8, 1},
+    {"lib mxfp4_xdl (lanes)", lib_mxl, NULL, 8, 1},
 };
 #define NMX (sizeof MX / sizeof MX[0])
 
@@ -649,7 +640,7 @@ static void bench_mx(int reps, int l2) {
         }
         for (size_t i = 0; i < rows * cols / 32; i++) m[e].s[i] = (uint8_t)(110 + rng(&sd) % 30);
         m[e].rp = weight_mem_alloc(rows * cols / 2);
-        mx_repack(m[e].p, m[e].rp, rows, cols);
+        k3_mxfp4_to_lanes(m[e].p, m[e].rp, rows, cols);
     }
     float *xa = aligned_alloc(64, 3584 * 4), *xb = aligned_alloc(64, 3584 * 4);
     double *xda = aligned_alloc(64, 3584 * 8), *xdb = aligned_alloc(64, 3584 * 8);

@@ -785,7 +785,8 @@ static void test_bf16_row_variants(tstate *ts) {
 }
 
 /* Every one-token MXFP4 8-row kernel of the AVX-512 level called directly: x in float, x in
- * double with the vpermi2pd table, x in double with the vpermw word table (Zen 4's), each row
+ * double with the vpermi2pd table, x in double with the vpermw word table (Zen 4's), the same
+ * from the lane layout (k3_mxfp4_to_lanes, whose inverse must give the codes back), each row
  * against the independent reference; random codes and scales, then every code with the scale
  * bytes 0, 1, 127, 253 and 254 (the ends of the exponent range). */
 static void test_mxfp4_row_variants(tstate *ts) {
@@ -795,7 +796,7 @@ static void test_mxfp4_row_variants(tstate *ts) {
         return;
     }
     static const uint8_t edge_scales[] = {0, 1, 127, 253, 254};
-    static const size_t cols_list[] = {32, 64, 96, 160, 320, 1056, 3072, 3584};
+    static const size_t cols_list[] = {32, 64, 96, 128, 160, 256, 320, 1056, 3072, 3584};
     uint64_t seed = 23;
     for (size_t ci = 0; ci < sizeof cols_list / sizeof cols_list[0]; ci++)
         for (int edge = 0; edge < 2; edge++) {
@@ -810,18 +811,30 @@ static void test_mxfp4_row_variants(tstate *ts) {
                 for (size_t i = 0; i < rows * cols / 32; i++) scales[i] = edge_scales[i % sizeof edge_scales];
             }
             for (size_t c = 0; c < cols; c++) x[c] = rnd_float(&seed), xd[c] = (double)x[c];
-            for (int v = 0; v < 3; v++) {
-                static const char *names[3] = {"x float", "xd vpermi2pd", "xd vpermw"};
+            /* the lane layout of the same codes (whole 128-column groups only), and back */
+            uint8_t *lanes = NULL;
+            if (cols % K3_MXFP4_LANE_COLS == 0) {
+                uint8_t *back = malloc(rows * cols / 2);
+                if (!(lanes = malloc(rows * cols / 2)) || !back) abort();
+                k3_mxfp4_to_lanes(packed, lanes, rows, cols);
+                k3_mxfp4_from_lanes(lanes, back, rows, cols);
+                CHECK(memcmp(back, packed, rows * cols / 2) == 0, "mxfp4 lane layout cols=%zu: the round trip changed the codes", cols);
+                free(back);
+            }
+            for (int v = 0; v < 4; v++) {
+                static const char *names[4] = {"x float", "xd vpermi2pd", "xd vpermw", "xd lanes"};
                 if (v == 0) k3_rows_mxfp4_avx512(packed, scales, x, cols, got);
                 else if (v == 1) k3_rows_mxfp4_xd_avx512(packed, scales, xd, cols, got);
-                else k3_rows_mxfp4_xdw_avx512(packed, scales, xd, cols, got);
+                else if (v == 2) k3_rows_mxfp4_xdw_avx512(packed, scales, xd, cols, got);
+                else if (lanes) k3_rows_mxfp4_xdl_avx512(lanes, scales, xd, cols, got);
+                else continue;
                 for (size_t r = 0; r < rows; r++) {
                     const float ref = ref_dot(REF_MXFP4, packed + r * cols / 2, scales + r * cols / 32, x, cols);
                     CHECK(memcmp(&ref, &got[r], sizeof ref) == 0, "mxfp4 row kernel %s cols=%zu%s row %zu: %a, reference %a",
                           names[v], cols, edge ? " (every code, edge scales)" : "", r, got[r], ref);
                 }
             }
-            free(packed), free(scales), free(x), free(got), free(xd);
+            free(packed), free(scales), free(x), free(got), free(xd), free(lanes);
         }
     (void)ts;
 #else

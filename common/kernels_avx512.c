@@ -710,7 +710,8 @@ void k3_rows_mxfp4_xdw_avx512(const uint8_t *packed, const uint8_t *scales, cons
  * per 8 weights instead of 1.5 on Zen 4: bench/decode_zen4/ports.c). Measured in
  * bench/decode_zen4/harness.c (its mxr8, 2026-12-02, 16 of 48 rw6 experts from memory, GFLOP/s
  * best / median, three holds): 1 thread 31.6-33.3 / 28.4-32.4 against xdw's 28.8-31.0 /
- * 23.7-27.7, 2 threads 62.2-65.6 / 55.5-58.8 against 51.8-59.6 / 46.5-50.3. The same doubles into
+ * 23.7-27.7, 2 threads 62.2-65.6 / 55.5-58.8 against 51.8-59.6 / 46.5-50.3; this function itself in
+ * two later holds +4-8 % from memory, +8-20 % in L2 (docs/PERFORMANCE.md). The same doubles into
  * the same FMAs in the same order: the bits of xdw. n % K3_MXFP4_LANE_COLS == 0. */
 #define K3_MXL_IDX(Q, j) ((j) <= 12 ? _mm512_slli_epi64(Q, (48 - 4 * (j)) & 63) : _mm512_srli_epi64(Q, (4 * (j) - 48) & 63))
 void k3_rows_mxfp4_xdl_avx512(const uint8_t *lanes, const uint8_t *scales, const double *xd, size_t n, float *out) {

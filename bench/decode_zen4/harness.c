@@ -579,7 +579,7 @@ typedef struct {
     mx_fn fn;
     const void *f32fn; /* a float-x kernel (AVX2) instead */
     int rows;
-    int repacked; /* takes mxm.rp (mx_repack's layout) */
+    int repacked; /* takes mxm.rp (k3_mxfp4_to_lanes's layout) */
 } mx_var;
 static void avx2_mx_stub(const uint8_t *p, const uint8_t *s, const double *xd, size_t n, float *o) {
     (void)p, (void)s, (void)xd, (void)n, (void)o;
@@ -598,7 +598,7 @@ static const mx_var MX[] = {
 typedef struct {
     size_t rows, cols;
     uint8_t *p, *s;
-    uint8_t *rp; /* the packed bytes in mx_repack's layout */
+    uint8_t *rp; /* the packed bytes in k3_mxfp4_to_lanes's layout */
 } mxm;
 
 static void mx_call(const mx_var *v, const mxm *m, size_t nm, const float *const *x, const double *const *xd,

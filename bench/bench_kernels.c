@@ -192,6 +192,21 @@ static double first_touch(int nthr, size_t n, uint8_t **keep) {
     return (double)n / (now_s() - t0) / 1e9;
 }
 
+/* The read bandwidth (best of 1 stream and 2, 4, 8 independent streams per thread) and the
+ * double FMA peak at `threads` threads over buf[0..n), printed as print_ceilings' lines; leaves
+ * the OpenMP thread count at `threads`. */
+static void print_bw_fma(const uint8_t *buf, size_t n, int threads) {
+    omp_set_num_threads(threads);
+    double bw = read_bandwidth(buf, n, 3);
+    int best_s = 1;
+    for (int S = 2; S <= 8; S *= 2) {
+        double b = read_bandwidth_streams(buf, n, S, 3);
+        if (b > bw) { bw = b; best_s = S; }
+    }
+    printf("read_bw_gbs threads=%d %.2f streams_per_thread=%d\n", threads, bw, best_s);
+    printf("fma_peak_gflops threads=%d %.2f\n", threads, fma_peak(3));
+}
+
 /* The machine's ceilings for this run: first touch of fresh weight memory, read
  * bandwidth (best of 1 stream and 2, 4, 8 independent streams per thread) and the
  * double FMA peak, for 1 thread and all. */
@@ -211,17 +226,7 @@ static int print_ceilings(void) {
     fill_random(buf, n, 7);
     int nthr_all = omp_get_max_threads();
     int th[2] = {1, nthr_all};
-    for (int ti = 0; ti < (nthr_all > 1 ? 2 : 1); ti++) {
-        omp_set_num_threads(th[ti]);
-        double bw = read_bandwidth(buf, n, 3);
-        int best_s = 1;
-        for (int S = 2; S <= 8; S *= 2) {
-            double b = read_bandwidth_streams(buf, n, S, 3);
-            if (b > bw) { bw = b; best_s = S; }
-        }
-        printf("read_bw_gbs threads=%d %.2f streams_per_thread=%d\n", th[ti], bw, best_s);
-        printf("fma_peak_gflops threads=%d %.2f\n", th[ti], fma_peak(3));
-    }
+    for (int ti = 0; ti < (nthr_all > 1 ? 2 : 1); ti++) print_bw_fma(buf, n, th[ti]);
     omp_set_num_threads(nthr_all);
     free(buf);
     return 0;
@@ -230,21 +235,13 @@ static int print_ceilings(void) {
 /* The read bandwidth and FMA peak at `threads` threads alone, without the first touch (about a
  * second): the ceilings taken just before and just after one engine run, so that its ratio is
  * also stated against the machine of that moment (a shared host's bandwidth moves by 1.5x
- * within minutes). The same kernels and best-of rule as print_ceilings. */
+ * within minutes). print_ceilings' measurement (print_bw_fma) at one thread count. */
 static int print_ceilings_at(int threads) {
     const size_t n = (size_t)512 << 20;
     uint8_t *buf = xmalloc(n);
     fill_random(buf, n, 7);
     int nthr_all = omp_get_max_threads();
-    omp_set_num_threads(threads);
-    double bw = read_bandwidth(buf, n, 3);
-    int best_s = 1;
-    for (int S = 2; S <= 8; S *= 2) {
-        double b = read_bandwidth_streams(buf, n, S, 3);
-        if (b > bw) { bw = b; best_s = S; }
-    }
-    printf("read_bw_gbs threads=%d %.2f streams_per_thread=%d\n", threads, bw, best_s);
-    printf("fma_peak_gflops threads=%d %.2f\n", threads, fma_peak(3));
+    print_bw_fma(buf, n, threads);
     omp_set_num_threads(nthr_all);
     free(buf);
     return 0;

@@ -713,6 +713,7 @@ void k3_rows_mxfp4_xdw_avx512(const uint8_t *packed, const uint8_t *scales, cons
  * 23.7-27.7, 2 threads 62.2-65.6 / 55.5-58.8 against 51.8-59.6 / 46.5-50.3; this function itself in
  * two later holds +4-8 % from memory, +8-20 % in L2 (docs/PERFORMANCE.md). The same doubles into
  * the same FMAs in the same order: the bits of xdw. n % K3_MXFP4_LANE_COLS == 0. */
+/* (& 63 only keeps the unused arm's immediate in range: j is a constant) */
 #define K3_MXL_IDX(Q, j) ((j) <= 12 ? _mm512_slli_epi64(Q, (48 - 4 * (j)) & 63) : _mm512_srli_epi64(Q, (4 * (j) - 48) & 63))
 void k3_rows_mxfp4_xdl_avx512(const uint8_t *lanes, const uint8_t *scales, const double *xd, size_t n, float *out) {
     pthread_once(&mxfp4_topw_once, mxfp4_topw_init);

@@ -477,7 +477,7 @@ static inline void prefetch_next_rows(const uint8_t *packed, const uint8_t *scal
 }
 
 /* mxw8 with the 8 rows innermost (tenth session): per block, group by group, each row's
- * broadcast + shift + vpermw + FMA (8 independent chains between two FMAs of a chain, as mxr8)
+ * broadcast + shift + vpermw + FMA (8 independent chains between two FMAs of a chain, as the library's k3_rows_mxfp4_xdl_avx512)
  * instead of each row's 4 chained FMAs in turn. The same operations: the same bits. */
 static void mxw8ri(const uint8_t *packed, const uint8_t *scales, const double *xd, size_t n, float *out) {
     enum { R = 8 };
@@ -514,56 +514,6 @@ static void mxw8ri(const uint8_t *packed, const uint8_t *scales, const double *x
     for (int r = 0; r < R; r++) out[r] = red8(a[r]);
 }
 
-/* The repacked layout (tenth session: what a load-time repack of the nibbles would give): per
- * row and 128 columns (4 blocks, 64 bytes), qword l holds lane l's 16 codes, code j (block j / 4,
- * group j % 4: column 32 (j / 4) + 8 (j % 4) + l) at bits 4j..4j+3. Per 8 weights one immediate
- * shift of a plain load (code j to bits 48..51: left 48 - 4j, or right 4j - 48), the zero-masked
- * vpermw and the FMA: no broadcast. The same doubles into the same FMAs in the same order as
- * mxw8: the same bits. n % 128 == 0. The layout is the library's k3_mxfp4_to_lanes; its kernel
- * k3_rows_mxfp4_xdl_avx512 is this one. */
-#define MXR_IDX(Q, j) ((j) <= 12 ? _mm512_slli_epi64(Q, 48 - 4 * (j)) : _mm512_srli_epi64(Q, 4 * (j) - 48))
-#define MXR_FMA(A, Q, TW, XB, j) \
-    A = _mm512_fmadd_pd(_mm512_castsi512_pd(_mm512_maskz_permutexvar_epi16(0x88888888u, MXR_IDX(Q, j), TW)), \
-                        _mm512_loadu_pd((XB) + 32 * ((j) / 4) + 8 * ((j) % 4)), A)
-#define MXR_BLOCK(A, Q, S, XB, bb) do { const __m512i tw_ = _mm512_load_si512((const void *)topw[(S)[bb]]); \
-    MXR_FMA(A, Q, tw_, XB, 4 * (bb)); MXR_FMA(A, Q, tw_, XB, 4 * (bb) + 1); \
-    MXR_FMA(A, Q, tw_, XB, 4 * (bb) + 2); MXR_FMA(A, Q, tw_, XB, 4 * (bb) + 3); } while (0)
-static void mxr8(const uint8_t *packed, const uint8_t *scales, const double *xd, size_t n, float *out) {
-    enum { R = 8 };
-    const size_t pr = n / 2, sr = n / 32, nq = n / 128;
-    __m512d a[R];
-    for (int r = 0; r < R; r++) a[r] = _mm512_setzero_pd();
-    for (size_t q = 0; q < nq; q++) {
-        prefetch_next_rows(packed, scales, R, pr, sr, nq, q); /* as mxw8: 2 lines a block */
-        const double *xb = xd + q * 128;
-        __m512i Q[R];
-#pragma GCC unroll 8
-        for (int r = 0; r < R; r++) {
-            Q[r] = _mm512_loadu_si512((const void *)(packed + (size_t)r * pr + q * 64));
-            __asm__("" : "+v"(Q[r])); /* in a register, not folded into each shift */
-        }
-#define MXR_STEP(j)                                                                                      \
-    do {                                                                                                 \
-        const __m512d x_ = _mm512_loadu_pd(xb + 32 * ((j) / 4) + 8 * ((j) % 4));                         \
-        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) a[r] = _mm512_fmadd_pd(                      \
-            _mm512_castsi512_pd(_mm512_maskz_permutexvar_epi16(0x88888888u, MXR_IDX(Q[r], j), tw[r])), x_, a[r]); \
-    } while (0)
-#define MXR_BB(bb)                                                                                       \
-    do {                                                                                                 \
-        __m512i tw[R];                                                                                   \
-        _Pragma("GCC unroll 8") for (int r = 0; r < R; r++) tw[r] =                                      \
-            _mm512_load_si512((const void *)topw[scales[(size_t)r * sr + q * 4 + (bb)]]);               \
-        MXR_STEP(4 * (bb)); MXR_STEP(4 * (bb) + 1); MXR_STEP(4 * (bb) + 2); MXR_STEP(4 * (bb) + 3);      \
-    } while (0)
-        MXR_BB(0);
-        MXR_BB(1);
-        MXR_BB(2);
-        MXR_BB(3);
-#undef MXR_BB
-#undef MXR_STEP
-    }
-    for (int r = 0; r < R; r++) out[r] = red8(a[r]);
-}
 
 static void lib_mx(const uint8_t *p, const uint8_t *s, const double *xd, size_t n, float *o) {
     k3_rows_mxfp4_xd_avx512(p, s, xd, n, o);
@@ -590,7 +540,7 @@ static const mx_var MX[] = {
     {"mx4 srlv next", mx4_srlv, NULL, 4},       {"mx16 srlv next", mx16_srlv, NULL, 16},
     {"mx16 multishift next", mx16_ms, NULL, 16}, {"mx8 srlv no prefetch", mx8_srlv_nopf, NULL, 8},
     {"mxw8 sllv+vpermw", mxw8, NULL, 8, 0}, {"mxw16 sllv+vpermw", mxw16, NULL, 16, 0},
-    {"mxw8ri rows innermost", mxw8ri, NULL, 8, 0}, {"mxr8 repacked, no bcast", mxr8, NULL, 8, 1},
+    {"mxw8ri rows innermost", mxw8ri, NULL, 8, 0},
     {"lib mxfp4_xdl (lanes)", lib_mxl, NULL, 8, 1},
 };
 #define NMX (sizeof MX / sizeof MX[0])

@@ -62,6 +62,29 @@ static float dot_mxfp4_scalar(const uint8_t *packed, const uint8_t *scales, cons
     return k3_reduce8(l);
 }
 
+/* code of column c of a lane-layout row (kernels_impl.h: per 128 columns, byte 8l + j / 2 holds
+ * column 8j + l, in its high nibble for odd j) */
+static inline unsigned mxfp4_lane_code_at(const uint8_t *row, size_t c) {
+    const size_t cc = c % K3_MXFP4_LANE_COLS, j = cc / 8, l = cc % 8;
+    const uint8_t b = row[(c / K3_MXFP4_LANE_COLS) * 64 + 8 * l + j / 2];
+    return j % 2 ? (unsigned)(b >> 4) : b & 15u;
+}
+
+/* dot_mxfp4_scalar's operations on a lane-layout row (n % 128 == 0): its bits. Every level's
+ * fallback for lane weights the vector kernels do not take (a partial row block, no buffer for x
+ * in double, a level without them). */
+static float dot_mxfp4_lanes_scalar(const uint8_t *row, const uint8_t *scales, const float *x, size_t n) {
+    double l[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (size_t b = 0; b < n / 32; b++) {
+        double s = k3_mxfp4_scale(scales[b]);
+        for (size_t i = 0; i < 32; i++) {
+            const size_t c = b * 32 + i;
+            l[i % 8] += ((double)E2M1_VALUES[mxfp4_lane_code_at(row, c)] * s) * (double)x[c];
+        }
+    }
+    return k3_reduce8(l);
+}
+
 /* ---- level selection ---- */
 
 static const kernels KERNELS_SCALAR = {SIMD_SCALAR, "scalar", dot_f32_scalar, dot_bf16_scalar, dot_mxfp4_scalar};
@@ -133,6 +156,7 @@ typedef struct {
     k3_rows_bf16_fn bf16, bf16_x2;
     k3_rows_mxfp4_fn mxfp4, mxfp4_x2;
     k3_rows_mxfp4_xd_fn mxfp4_xd; /* one token, x in double (the driver converts x once per call) */
+    k3_rows_mxfp4_xd_fn mxfp4_xdl; /* the same from lane-layout weights (mxfp4_weight.lanes) */
     k3_rows_bf16_xs_fn bf16_xs, bf16_xs16; /* one token, x in double times K3_BF16_XS_SCALE (converted once
                                             * per call); 8 and 16 rows */
     k3_rows_bf16_xsn_fn bf16_xs16n;        /* bf16_xs16 prefetching the thread's next job (NULL: none) */
@@ -167,6 +191,7 @@ typedef struct {
     k3_rows_bf16_xsn_fn bf16_xs16n; /* NULL: no next-job prefetch */
     int bf16_grab;                  /* jobs a grab of a dynamic schedule in those regions (0: the runtime's) */
     k3_rows_mxfp4_xd_fn mxfp4_xd;
+    int mxfp4_lanes; /* matmul_mxfp4_lanes_wanted: the lane layout is faster here */
 } cpu_choice;
 static cpu_choice choice;
 static pthread_once_t choice_once = PTHREAD_ONCE_INIT;
@@ -194,6 +219,10 @@ static void choice_pick(void) {
     choice.bf16_grab = ch ? atoi(ch) : 16;
     if (choice.bf16_grab < 0 || choice.bf16_grab > 1024) choice.bf16_grab = 0;
     choice.mxfp4_xd = words ? k3_rows_mxfp4_xdw_avx512 : k3_rows_mxfp4_xd_avx512;
+    /* the lane layout where the one-source lookup runs (Zen 4) and its repack has vpermi2b;
+     * K3_MXFP4_LANES=0|1 for measurements (1 also without VBMI: the repack is then scalar) */
+    const char *ln = getenv("K3_MXFP4_LANES");
+    choice.mxfp4_lanes = ln && strcmp(ln, "0") == 0 ? 0 : ln && strcmp(ln, "1") == 0 ? 1 : words && vbmi;
 }
 /* the one-token kernels chosen for this CPU, once */
 static const cpu_choice *choice_for_cpu(void) {
@@ -203,7 +232,7 @@ static const cpu_choice *choice_for_cpu(void) {
 #endif
 
 static rowblock_fns rowblock_for(const kernels *k) {
-    rowblock_fns b = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0};
+    rowblock_fns b = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0};
 #ifdef K3_HAVE_X86_KERNELS
     /* every CPU with the AVX2 or AVX-512 level has AVX2 + FMA (cpu_has) */
     b.gemm = k->dot_bf16 == k3_dot_bf16_avx512 ? 2 : k->dot_bf16 == k3_dot_bf16_avx2 ? 1 : 0;
@@ -221,6 +250,7 @@ static rowblock_fns rowblock_for(const kernels *k) {
         b.mxfp4 = k3_rows_mxfp4_avx512;
         b.mxfp4_x2 = k3_rows_mxfp4_x2_avx512;
         b.mxfp4_xd = choice_for_cpu()->mxfp4_xd;
+        b.mxfp4_xdl = k3_rows_mxfp4_xdl_avx512;
     }
     if (k->dot_mxfp4 == k3_dot_mxfp4_avx2) b.mxfp4 = k3_rows_mxfp4_avx2;
     if (k->dot_f32 == k3_dot_f32_avx2) b.f32 = k3_rows_f32_avx2;
@@ -366,33 +396,34 @@ void matmul_dense(const kernels *k, const dense_weight *W, const float *x, size_
 
 static double *xd_get(size_t n);
 
-/* The first matrix j < i taking its x in double (one[j]) with the same x and width as i, or i. */
-static size_t first_same_x(const float *const *x, const size_t *cols, const int *one, size_t i) {
+/* The first matrix j < i taking its x in double (one[j]) with the same x and length as i, or i. */
+static size_t first_same_x(const float *const *x, const size_t *len, const int *one, size_t i) {
     for (size_t j = 0; j < i; j++)
-        if (one[j] && x[j] == x[i] && cols[j] == cols[i]) return j;
+        if (one[j] && x[j] == x[i] && len[j] == len[i]) return j;
     return i;
 }
 
-/* xd[i] = x[i] (cols[i] values) in double times scale (a power of two: exact) for each i < n
- * with one[i], each distinct (x, width) converted once, in the calling thread's buffer
+/* xd[i] = x[i] (len[i] values: the width, times the tokens for a lane-layout MXFP4 matrix of
+ * two or three) in double times scale (a power of two: exact) for each i < n
+ * with one[i], each distinct (x, length) converted once, in the calling thread's buffer
  * (matmul_reserve_x); NULL elsewhere, and everywhere when there is no buffer (then the float
  * kernels run: the same bits). */
-static void x_in_double(size_t n, const float *const *x, const size_t *cols, const int *one, double scale,
+static void x_in_double(size_t n, const float *const *x, const size_t *len, const int *one, double scale,
                         const double **xd) {
     size_t need = 0;
     for (size_t i = 0; i < n; i++) {
         xd[i] = NULL;
-        if (one[i] && first_same_x(x, cols, one, i) == i) need += cols[i];
+        if (one[i] && first_same_x(x, len, one, i) == i) need += len[i];
     }
     double *buf = need ? xd_get(need) : NULL;
     for (size_t i = 0, used = 0; buf && i < n; i++) {
         if (!one[i]) continue;
-        size_t j = first_same_x(x, cols, one, i);
+        size_t j = first_same_x(x, len, one, i);
         if (j < i) { xd[i] = xd[j]; continue; }
         double *d = buf + used;
-        for (size_t c = 0; c < cols[i]; c++) d[c] = (double)x[i][c] * scale;
+        for (size_t c = 0; c < len[i]; c++) d[c] = (double)x[i][c] * scale;
         xd[i] = d;
-        used += cols[i];
+        used += len[i];
     }
 }
 
@@ -491,8 +522,46 @@ void matmul_dense_many(const kernels *k, const dense_weight *W, const float *con
  * block bi (K3_ROWBLOCK rows, two tokens at a time where a _x2 kernel exists; one token
  * from xd, x in double, when the driver converted it). */
 static void mxfp4_job(const kernels *k, const rowblock_fns *rb, int gemm, const mxfp4_weight *W, const float *x,
+                      const double *xd, size_t ntok, float *y, size_t bi);
+
+/* mxfp4_job for a lane-layout weight (cols % 128 == 0): the AVX-512 panel kernel on it when gemm
+ * (the list gives gemm only at that level), the lane row-block kernel token by token from xd
+ * (ntok tokens of cols doubles) where the driver converted x, else the scalar lane dot. */
+static void mxfp4_lanes_job(const rowblock_fns *rb, int gemm, const mxfp4_weight *W, const float *x,
+                            const double *xd, size_t ntok, float *y, size_t bi) {
+    const size_t rows = W->rows, cols = W->cols;
+#ifdef K3_HAVE_X86_KERNELS
+    if (gemm) {
+        const size_t r0 = bi * K3_GEMM_NR_AVX512, nr = rows - r0 < K3_GEMM_NR_AVX512 ? rows - r0 : K3_GEMM_NR_AVX512;
+        double *ws = gemm_ws();
+        if (!ws) { /* no workspace: the panel's row blocks (the same bits) */
+            for (size_t b = r0 / K3_ROWBLOCK; b * K3_ROWBLOCK < r0 + nr; b++) mxfp4_lanes_job(rb, 0, W, x, NULL, ntok, y, b);
+            return;
+        }
+        k3_gemm_mxfp4l_avx512(W->packed, W->scales, rows, cols, r0, nr, x, ntok, y, ws);
+        return;
+    }
+#else
+    (void)gemm;
+#endif
+    const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;
+    const uint8_t *p = W->packed + r0 * (cols / 2), *s = W->scales + r0 * (cols / 32);
+    float o[K3_ROWBLOCK];
+    for (size_t t = 0; t < ntok; t++) {
+        if (xd && rb->mxfp4_xdl && nr == K3_ROWBLOCK) rb->mxfp4_xdl(p, s, xd + t * cols, cols, o);
+        else
+            for (size_t j = 0; j < nr; j++) o[j] = dot_mxfp4_lanes_scalar(p + j * (cols / 2), s + j * (cols / 32), x + t * cols, cols);
+        put_rows(y, rows, r0, nr, t, o);
+    }
+}
+
+static void mxfp4_job(const kernels *k, const rowblock_fns *rb, int gemm, const mxfp4_weight *W, const float *x,
                       const double *xd, size_t ntok, float *y, size_t bi) {
     const size_t rows = W->rows, cols = W->cols;
+    if (W->lanes) {
+        mxfp4_lanes_job(rb, gemm, W, x, xd, ntok, y, bi);
+        return;
+    }
 #ifdef K3_HAVE_X86_KERNELS
     if (gemm) {
         const size_t per = rb->gemm == 2 ? K3_GEMM_NR_AVX512 : K3_GEMM_NR;
@@ -631,22 +700,27 @@ void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *con
         gemm[i] = 0;
 #endif
         one[i] = 0;
-        if (W[i].cols % 32 != 0) { /* refused at load time (config_parse: expert widths % 32) */
-            char what[80];
-            snprintf(what, sizeof what, "matmul_mxfp4: cols %zu is not a multiple of 32", W[i].cols);
+        const size_t need = W[i].lanes ? K3_MXFP4_LANE_COLS : 32;
+        if (W[i].cols % need != 0) { /* refused at load time (config_parse: expert widths % 32); lanes: never made */
+            char what[96];
+            snprintf(what, sizeof what, "matmul_mxfp4: cols %zu is not a multiple of %zu%s", W[i].cols, need,
+                     W[i].lanes ? " (lane layout)" : "");
             poison(what, y[i], W[i].rows * ntok[i]);
             first[i + 1] = first[i];
             continue;
         }
+        if (W[i].lanes && rb.gemm != 2) gemm[i] = 0; /* only the AVX-512 panels read the lane layout */
         const size_t per = !gemm[i] ? K3_ROWBLOCK : rb.gemm == 2 ? K3_GEMM_NR_AVX512 : K3_GEMM_NR;
         first[i + 1] = first[i] + (W[i].rows + per - 1) / per;
-        one[i] = rb.mxfp4_xd && ntok[i] == 1 && W[i].rows >= K3_ROWBLOCK;
+        /* lane layout: two or three tokens too, one at a time by the lane kernel (release: the
+         * float _x2 kernel, each weight decoded once for two) */
+        one[i] = rb.mxfp4_xd && W[i].rows >= K3_ROWBLOCK && (ntok[i] == 1 || (W[i].lanes && !gemm[i]));
     }
     /* x of the one-token matrices in double, converted once here instead of once per row block
      * (each distinct x once: what matmul_reserve_x reserves for a decode step) */
-    size_t cols[K3_MATMUL_LIST_MAX] = {0};
-    for (size_t i = 0; i < n; i++) cols[i] = W[i].cols;
-    x_in_double(n, x, cols, one, 1.0, xd);
+    size_t len[K3_MATMUL_LIST_MAX] = {0};
+    for (size_t i = 0; i < n; i++) len[i] = W[i].cols * ntok[i];
+    x_in_double(n, x, len, one, 1.0, xd);
     const size_t total = first[n];
     /* one region for all n matmuls: each job finds its matrix. A dynamic schedule runs as guided
      * (the same smallest chunk): a thread's first chunks are long runs of consecutive row blocks,
@@ -702,6 +776,31 @@ void k3_mxfp4_from_lanes(const uint8_t *src, uint8_t *dst, size_t rows, size_t c
                     row[c / 2] = (uint8_t)(c % 2 ? (row[c / 2] & 0x0f) | (code << 4) : (row[c / 2] & 0xf0) | code);
                 }
         }
+    }
+}
+
+int matmul_mxfp4_lanes_wanted(const kernels *k, size_t cols) {
+#ifdef K3_HAVE_X86_KERNELS
+    return k && k->dot_mxfp4 == k3_dot_mxfp4_avx512 && cols % K3_MXFP4_LANE_COLS == 0 && choice_for_cpu()->mxfp4_lanes;
+#else
+    (void)k;
+    (void)cols;
+    return 0;
+#endif
+}
+
+void mxfp4_repack_lanes(uint8_t *packed, size_t rows, size_t cols) {
+    const size_t n64 = rows * (cols / K3_MXFP4_LANE_COLS); /* a row is cols / 128 groups of 64 bytes */
+#ifdef K3_HAVE_X86_KERNELS
+    if (cpu_has(SIMD_AVX512) && k3_cpu_has_vbmi()) {
+        k3_mxfp4_to_lanes_vbmi(packed, n64);
+        return;
+    }
+#endif
+    for (size_t g = 0; g < n64; g++) {
+        uint8_t t[64];
+        k3_mxfp4_to_lanes(packed + 64 * g, t, 1, K3_MXFP4_LANE_COLS);
+        memcpy(packed + 64 * g, t, sizeof t);
     }
 }
 

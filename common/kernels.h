@@ -40,11 +40,16 @@ typedef struct {
 } dense_weight;
 
 /* A packed MXFP4 weight: logical [rows][cols], cols % 32 == 0.
- * packed: rows x cols/2 bytes (low nibble = even element); scales: rows x cols/32. */
+ * packed: rows x cols/2 bytes; scales: rows x cols/32. lanes 0: the release layout (low nibble
+ * = even element); lanes 1: the same codes in the lane layout (mxfp4_repack_lanes; cols % 128
+ * == 0), which the Zen 4 one-token kernel reads with one load per row and 128 columns. Every
+ * consumer takes either layout with the same bits; a lane weight with cols % 128 != 0 is
+ * refused (NaN output, as for cols % 32). */
 typedef struct {
     size_t rows, cols;
     const uint8_t *packed;
     const uint8_t *scales;
+    int lanes;
 } mxfp4_weight;
 
 /* The row-dot functions of one SIMD level. Obtained with kernels_get(); no globals. */
@@ -101,6 +106,15 @@ int matmul_reserve_x(size_t n);
  * blocks: the same bits). */
 size_t matmul_gemm_ws_bytes(void);
 int matmul_reserve_gemm(const kernels *k, int nthreads);
+
+/* Whether this level's kernels run a one-token MXFP4 matmul of this width faster from the lane
+ * layout: the AVX-512 level where it chose the one-source lookup (Zen 4) and has AVX512-VBMI,
+ * cols % 128 == 0, and K3_MXFP4_LANES is not "0" (a measurement switch). Only speed depends on
+ * it: matmul_mxfp4 gives the same bits for either layout at every level. */
+int matmul_mxfp4_lanes_wanted(const kernels *k, size_t cols);
+/* Rewrites rows x cols/2 release-layout codes in place into the lane layout (cols % 128 == 0;
+ * the scales are unchanged): with vpermi2b where the CPU has AVX512-VBMI, else scalar. */
+void mxfp4_repack_lanes(uint8_t *packed, size_t rows, size_t cols);
 
 /* 0 if no scale byte of the weight is 255, else -1 and *bad_row set. */
 int mxfp4_check_scales(const mxfp4_weight *W, size_t *bad_row);

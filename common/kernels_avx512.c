@@ -804,4 +804,28 @@ void k3_rows_mxfp4_x2_avx512(const uint8_t *packed, const uint8_t *scales, const
     mxfp4_rows4_x2(&c, packed + 4 * (n / 2), scales + 4 * (n / 32), x, n, out + 4);
 }
 
+/* The lane layout in place, 64 bytes (128 codes of one row) at a time: the codes of the even and
+ * odd columns split into bytes (lo[b] = column 2b, hi[b] = column 2b + 1), then lane byte 8l + k
+ * takes column 16k + l in its low nibble and 16k + 8 + l in its high one (k3_mxfp4_to_lanes),
+ * both gathered by one vpermi2b from (lo, hi): byte (l & 1 ? 64 : 0) + 8k + l / 2, and + 4 for
+ * the high nibble's column. A permutation of the nibbles: test_kernels checks it against
+ * k3_mxfp4_to_lanes. */
+__attribute__((target("avx512vbmi"))) void k3_mxfp4_to_lanes_vbmi(uint8_t *p, size_t n64) {
+    uint8_t ia[64], ib[64];
+    for (int l = 0; l < 8; l++)
+        for (int k = 0; k < 8; k++) {
+            ia[8 * l + k] = (uint8_t)((l & 1 ? 64 : 0) + 8 * k + l / 2);
+            ib[8 * l + k] = (uint8_t)(ia[8 * l + k] + 4);
+        }
+    const __m512i idx_a = _mm512_loadu_si512((const void *)ia), idx_b = _mm512_loadu_si512((const void *)ib);
+    const __m512i nib = _mm512_set1_epi8(0x0f);
+    for (size_t g = 0; g < n64; g++) {
+        uint8_t *q = p + 64 * g;
+        const __m512i v = _mm512_loadu_si512((const void *)q);
+        const __m512i lo = _mm512_and_si512(v, nib), hi = _mm512_and_si512(_mm512_srli_epi16(v, 4), nib);
+        const __m512i a = _mm512_permutex2var_epi8(lo, idx_a, hi), b = _mm512_permutex2var_epi8(lo, idx_b, hi);
+        _mm512_storeu_si512((void *)q, _mm512_or_si512(a, _mm512_slli_epi16(b, 4)));
+    }
+}
+
 #endif

@@ -78,7 +78,7 @@
 #define WS_WD ((size_t)NS * KC)
 size_t k3_gemm_ws_doubles_avx512(void) { return WS_ACC + WS_XD + WS_WD; }
 
-typedef enum { W_F32, W_BF16, W_MXFP4 } wkind;
+typedef enum { W_F32, W_BF16, W_MXFP4, W_MXFP4L /* MXFP4 codes in the lane layout */ } wkind;
 
 static inline __m256 bf16x8(const uint16_t *p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
@@ -268,12 +268,22 @@ static inline __attribute__((always_inline)) void pack_w(wkind kind, const void 
             if (pf) prefetch_span(ws + kc, kc * 2);
             for (; k + 8 <= kn; k += 8) _mm512_store_pd(d + k, _mm512_cvtps_pd(bf16x8(ws + k)));
             for (; k < kn; k++) d[k] = (double)bf16_to_f32(ws[k]);
-        } else { /* kn % 32 == 0: whole blocks */
+        } else { /* kn % 32 == 0: whole blocks (lane layout: kn, k0 % 128 == 0) */
             const uint8_t *ps = (const uint8_t *)w + (r0 + r) * (cols / 2) + k0 / 2;
             const uint8_t *ss = scales + (r0 + r) * (cols / 32) + k0 / 32;
             if (pf) {
                 prefetch_span(ps + kc / 2, kc / 2);
                 _mm_prefetch((const char *)ss + kc / 32, PF_HINT);
+            }
+            /* lane layout: per 128 columns qword l holds the codes of columns 8j + l at bits 4j,
+             * so the 8 weights of columns 8j .. 8j + 7 are the 64 bytes shifted right by 4j */
+            for (; kind == W_MXFP4L && k < kn; k += 32) {
+                const __m512d s = _mm512_set1_pd(k3_mxfp4_scale(ss[k / 32]));
+                const __m512d tp = _mm512_mul_pd(pos, s), tn = _mm512_mul_pd(neg, s);
+                const __m512i v = _mm512_loadu_si512((const void *)(ps + (k & ~(size_t)127) / 2));
+                const long long j0 = (long long)(k % 128) / 8; /* the block's first j */
+                for (long long j = 0; j < 4; j++)
+                    _mm512_store_pd(d + k + 8 * j, _mm512_permutex2var_pd(tp, _mm512_srlv_epi64(v, _mm512_set1_epi64(4 * (j0 + j))), tn));
             }
             for (; k < kn; k += 32) {
                 const __m512d s = _mm512_set1_pd(k3_mxfp4_scale(ss[k / 32]));
@@ -298,13 +308,19 @@ static inline __attribute__((always_inline)) void pack_w(wkind kind, const void 
  * each 32-bit lane gets its byte word's code by vpermd + vpsrlvd, then vpermps looks it up in
  * the block's 16-entry table (E2M1 x 2^(s-127), converted from the double table exactly).
  * Returns 0 (and wf is not usable) if a block's scale is above 252. */
-static inline __attribute__((always_inline)) int pack_w_mxfp4_f32(const uint8_t *packed, const uint8_t *scales,
-                                                                  size_t cols, size_t r0, size_t nr, size_t k0,
-                                                                  size_t kn, int pf, size_t kc, float *wf) {
+static inline __attribute__((always_inline)) int pack_w_mxfp4_f32(int lanes, const uint8_t *packed,
+                                                                  const uint8_t *scales, size_t cols, size_t r0,
+                                                                  size_t nr, size_t k0, size_t kn, int pf, size_t kc,
+                                                                  float *wf) {
     const __m512 e2m1 = _mm512_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f, -0.0f, -0.5f, -1.0f, -1.5f, -2.0f,
                                        -3.0f, -4.0f, -6.0f);
     const __m512i sel = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m512i shv = _mm512_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28, 0, 4, 8, 12, 16, 20, 24, 28);
+    /* lane layout (kn, k0 % 128 == 0): per 128 columns qword l holds the codes of columns 8j + l
+     * at bits 4j; output 16s + i (s < 8) is column 8 (2s + i / 8) + i % 8: dword 2 (i % 8) of the
+     * 64 bytes for j < 8 (s < 4), dword 2 (i % 8) + 1 for j >= 8, shifted right by 4 (j % 8). */
+    const __m512i lsel = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 0, 2, 4, 6, 8, 10, 12, 14);
+    const __m512i lsh = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4);
     int ok = 1;
     for (size_t r = 0; r < nr; r++) {
         float *d = wf + r * kc;
@@ -314,7 +330,23 @@ static inline __attribute__((always_inline)) int pack_w_mxfp4_f32(const uint8_t 
             prefetch_span(ps + kc / 2, kc / 2);
             _mm_prefetch((const char *)ss + kc / 32, PF_HINT);
         }
-        for (size_t k = 0; k < kn; k += 32) {
+        for (size_t k = 0; lanes && k < kn; k += 128) {
+            const __m512i v = _mm512_loadu_si512((const void *)(ps + k / 2));
+            const __m512i c_lo = _mm512_permutexvar_epi32(lsel, v); /* j = 0..7 */
+            const __m512i c_hi = _mm512_permutexvar_epi32(_mm512_add_epi32(lsel, _mm512_set1_epi32(1)), v); /* 8..15 */
+            for (size_t b = 0; b < 4; b++) {
+                const uint8_t sb = ss[(k + 32 * b) / 32];
+                ok &= sb <= 252;
+                const __m512 tab = _mm512_scalef_ps(e2m1, _mm512_set1_ps((float)((int)sb - 127)));
+                for (size_t h = 0; h < 2; h++) {
+                    const size_t st = 2 * b + h; /* output step: columns 16 st .. 16 st + 15 */
+                    const __m512i cv = st < 4 ? c_lo : c_hi;
+                    const __m512i idx = _mm512_srlv_epi32(cv, _mm512_add_epi32(lsh, _mm512_set1_epi32((int)(8 * (st % 4)))));
+                    _mm512_store_ps(d + k + 16 * st, _mm512_permutexvar_ps(idx, tab));
+                }
+            }
+        }
+        for (size_t k = 0; !lanes && k < kn; k += 32) {
             ok &= ss[k / 32] <= 252;
             const __m512 tab = _mm512_scalef_ps(e2m1, _mm512_set1_ps((float)((int)ss[k / 32] - 127)));
             uint64_t q0, q1;
@@ -354,14 +386,15 @@ static inline __attribute__((always_inline)) void gemm_tile(wkind kind, const vo
                 const size_t ns = nr - s0 < NS ? nr - s0 : NS;
                 double *const a = acc + s0 * TB * 8;
                 const x_source *const xsp = s0 == 0 ? &xs : NULL;
-                if (kind != W_MXFP4 && kn == kn8) { /* no padding: the micro-kernels read W's rows themselves */
+                if (kind != W_MXFP4 && kind != W_MXFP4L && kn == kn8) { /* no padding: the micro-kernels read W's rows themselves */
                     const size_t esz = kind == W_BF16 ? 2 : 4;
                     const char *ws0 = (const char *)w + ((r0 + s0) * cols + k0) * esz;
                     if (pf)
                         for (size_t r = 0; r < ns; r++) prefetch_span(ws0 + (r * cols + kc) * esz, kc * esz);
                     if (kind == W_BF16) token_groups_bf16(nt, ns, (const uint16_t *)ws0, cols, xd, kn8 / 8, a, xsp);
                     else token_groups_f32(nt, ns, (const float *)ws0, cols, xd, kn8 / 8, a, xsp);
-                } else if (kind == W_MXFP4 && pack_w_mxfp4_f32(w, scales, cols, r0 + s0, ns, k0, kn, pf, kc, (float *)wd)) {
+                } else if ((kind == W_MXFP4 || kind == W_MXFP4L) &&
+                           pack_w_mxfp4_f32(kind == W_MXFP4L, w, scales, cols, r0 + s0, ns, k0, kn, pf, kc, (float *)wd)) {
                     token_groups_f32(nt, ns, (const float *)wd, kc, xd, kn8 / 8, a, xsp);
                 } else {
                     pack_w(kind, w, scales, cols, r0 + s0, ns, k0, kn, kn8, pf, kc, wd);
@@ -387,6 +420,11 @@ void k3_gemm_bf16_avx512(const uint16_t *w, size_t rows, size_t cols, size_t r0,
 void k3_gemm_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, size_t rows, size_t cols, size_t r0,
                           size_t nr, const float *x, size_t ntok, float *y, double *ws) {
     gemm_tile(W_MXFP4, packed, scales, rows, cols, r0, nr, x, ntok, y, ws);
+}
+
+void k3_gemm_mxfp4l_avx512(const uint8_t *lanes, const uint8_t *scales, size_t rows, size_t cols, size_t r0,
+                           size_t nr, const float *x, size_t ntok, float *y, double *ws) {
+    gemm_tile(W_MXFP4L, lanes, scales, rows, cols, r0, nr, x, ntok, y, ws);
 }
 
 #endif

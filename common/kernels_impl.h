@@ -43,8 +43,9 @@ void k3_rows_mxfp4_xd_avx512(const uint8_t *packed, const uint8_t *scales, const
 /* the same bits with a one-source lookup (vpermw of the doubles' top words); chosen on AMD Zen 4 */
 void k3_rows_mxfp4_xdw_avx512(const uint8_t *packed, const uint8_t *scales, const double *xd, size_t n, float *out);
 /* the same bits from the lane layout of the codes (k3_mxfp4_to_lanes; n % K3_MXFP4_LANE_COLS == 0):
- * one plain load per row and 128 columns instead of four broadcasts per 32 (tested, not yet chosen
- * by the drivers: docs/PERFORMANCE.md, "Tenth session") */
+ * one plain load per row and 128 columns instead of four broadcasts per 32; the drivers run it on
+ * lane-layout weights (mxfp4_weight.lanes: the expert cache repacks resident experts when
+ * matmul_mxfp4_lanes_wanted) */
 void k3_rows_mxfp4_xdl_avx512(const uint8_t *lanes, const uint8_t *scales, const double *xd, size_t n, float *out);
 void k3_rows_bf16_x2_avx512(const uint16_t *w, const float *x, size_t n, float *out);
 /* x given in double and scaled: xs[i] == (double)x[i] * 2^896 (K3_BF16_XS_SCALE; exact, finite
@@ -95,6 +96,12 @@ void k3_gemm_bf16_avx512(const uint16_t *w, size_t rows, size_t cols, size_t r0,
                          size_t ntok, float *y, double *ws);
 void k3_gemm_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, size_t rows, size_t cols, size_t r0,
                           size_t nr, const float *x, size_t ntok, float *y, double *ws);
+/* the same bits from the lane layout (cols % K3_MXFP4_LANE_COLS == 0) */
+void k3_gemm_mxfp4l_avx512(const uint8_t *lanes, const uint8_t *scales, size_t rows, size_t cols, size_t r0,
+                           size_t nr, const float *x, size_t ntok, float *y, double *ws);
+/* n64 groups of 64 release-layout bytes (128 codes of one row) rewritten in place into the lane
+ * layout (AVX512-VBMI: k3_cpu_has_vbmi) */
+void k3_mxfp4_to_lanes_vbmi(uint8_t *p, size_t n64);
 #endif
 
 /* The lane layout of MXFP4 codes (kernels.c; k3_rows_mxfp4_xdl_avx512 reads it): per row and

@@ -60,6 +60,7 @@ int experts_local_create(expert_backend *b, k3_model *m, const kernels *k, uint6
     if (!(li->hint = malloc((size_t)m->cfg.num_experts * sizeof *li->hint))) { free(li); return k3_fail(err, "out of memory"); }
     if (!(li->cache = expert_cache_create(&m->experts, &m->ck, cache_bytes, -1, err))) { free(li->hint); free(li); return -1; }
     expert_cache_set_policy(li->cache, policy);
+    expert_cache_set_lanes(li->cache, k);
     /* a decode step's w2 products take K distinct one-token inputs in double (matmul_mxfp4_list):
      * the engine reserves them in its forward's thread (forward.h forward_x_doubles) */
     *b = (expert_backend){local_run, local_destroy, li, local_hint, NULL};

@@ -290,6 +290,7 @@ int experts_mpi_serve(const mpi_options *o) {
             opened = 1;
         cache_policy pol;
         if (cache && o->policy && cache_policy_parse(o->policy, &pol) == 0) expert_cache_set_policy(cache, pol);
+        if (cache) expert_cache_set_lanes(cache, k);
     }
     /* hello: identity of what this host opened, or the reason it could not */
     size_t hb = 0;

@@ -43,6 +43,7 @@ typedef struct {
 typedef struct {
     int state, pins, layer, expert;
     int checked;          /* its scales were checked (once per read: the bytes do not change after) */
+    int lanes;            /* its codes were repacked into the lane layout (the matrices c->lanes names) */
     int async;            /* READING through the pool: rd is in flight */
     int hint;             /* read for a hint, not used since */
     int evict_first;      /* a hint its layer's request did not ask for: the first to go */
@@ -113,6 +114,7 @@ struct expert_cache {
     size_t req_n, req_next; /* req[req_next..] not started yet */
     size_t req_acq;         /* req[..req_acq) acquired (expert_batch_run acquires in the list's order) */
     int req_layer;
+    int lanes[3];         /* expert_cache_set_lanes: w1, w2, w3 repacked into the lane layout (resident runs) */
 };
 
 /* lru/lfu's victim heap (below) */
@@ -269,9 +271,38 @@ static void slot_weights(const expert_cache *c, const cache_slot *s, const exper
         part[p] = s->data + off;
         off += loc->t[p]->t->end - loc->t[p]->t->begin;
     }
-    w->w1 = (mxfp4_weight){c->st->I, c->st->L, part[EXPERT_W1_P], part[EXPERT_W1_S]};
-    w->w2 = (mxfp4_weight){c->st->L, c->st->I, part[EXPERT_W2_P], part[EXPERT_W2_S]};
-    w->w3 = (mxfp4_weight){c->st->I, c->st->L, part[EXPERT_W3_P], part[EXPERT_W3_S]};
+    w->w1 = (mxfp4_weight){c->st->I, c->st->L, part[EXPERT_W1_P], part[EXPERT_W1_S], 0};
+    w->w2 = (mxfp4_weight){c->st->L, c->st->I, part[EXPERT_W2_P], part[EXPERT_W2_S], 0};
+    w->w3 = (mxfp4_weight){c->st->I, c->st->L, part[EXPERT_W3_P], part[EXPERT_W3_S], 0};
+}
+
+/* The weights of a READY slot as the kernels take them: slot_weights, with the layout flag of
+ * each matrix the slot's repack rewrote. */
+static void slot_operands(const expert_cache *c, const cache_slot *s, const expert_loc *loc, expert_weights *w) {
+    slot_weights(c, s, loc, w);
+    if (!s->lanes) return;
+    w->w1.lanes = c->lanes[0];
+    w->w2.lanes = c->lanes[1];
+    w->w3.lanes = c->lanes[2];
+}
+
+/* Rewrites a checked slot's codes into the lane layout for the matrices c->lanes names, in place
+ * (the bytes are the slot's own buffer: data points into buf). Only in a resident run: there an
+ * expert is read once and used for every token, while a streamed slot is used about once per
+ * read and the repack (~0.1 ms per MB on one core) would cost more than it buys. */
+static void slot_repack(expert_cache *c, cache_slot *s, const expert_loc *loc) {
+    if (s->lanes || !(c->lanes[0] || c->lanes[1] || c->lanes[2]) || c->n_slots < c->n_owned) return;
+    expert_weights w;
+    slot_weights(c, s, loc, &w);
+    const mxfp4_weight *m[3] = {&w.w1, &w.w2, &w.w3};
+    for (int i = 0; i < 3; i++)
+        if (c->lanes[i]) mxfp4_repack_lanes(s->buf + (m[i]->packed - s->buf), m[i]->rows, m[i]->cols);
+    s->lanes = 1;
+}
+
+void expert_cache_set_lanes(expert_cache *c, const kernels *k) {
+    c->lanes[0] = c->lanes[2] = matmul_mxfp4_lanes_wanted(k, c->st->L);
+    c->lanes[1] = matmul_mxfp4_lanes_wanted(k, c->st->I);
 }
 
 /* ---- policies ---- */
@@ -1025,10 +1056,13 @@ static int cache_acquire(void *ctx, int layer, int expert, expert_weights *w, k3
         if (c->req_next < c->req_acq) c->req_next = c->req_acq;
     }
     policy_use(c, s);
-    slot_weights(c, s, loc, w);
-    if (s->checked) return 0;
-    if (expert_weights_check(w, loc, err)) return -1;
-    s->checked = 1;
+    if (!s->checked) {
+        slot_weights(c, s, loc, w);
+        if (expert_weights_check(w, loc, err)) return -1;
+        s->checked = 1;
+        slot_repack(c, s, loc);
+    }
+    slot_operands(c, s, loc, w);
     return 0;
 }
 

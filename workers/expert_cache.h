@@ -86,6 +86,14 @@ expert_source expert_cache_source(expert_cache *c);
 int expert_cache_set_readers(expert_cache *c, int n_threads, k3_error *err);
 int expert_cache_readers(const expert_cache *c);
 
+/* The layout the kernels k read fastest (matmul_mxfp4_lanes_wanted, per matrix width): with it,
+ * in a resident run (a slot for every owned expert) each expert's codes are rewritten in place
+ * into the lane layout once, when its first use checks its scales (expert_cache_preload does it
+ * for all), and acquire hands them out with mxfp4_weight.lanes set. A streamed cache keeps the
+ * release layout (an expert is used about once per read there). Changes no result: matmul_mxfp4
+ * gives either layout the same bits. Call before the first request. */
+void expert_cache_set_lanes(expert_cache *c, const kernels *k);
+
 /* A prediction (coordinator/expert_predict.c): the experts of `layer` likely asked for next,
  * most likely first. Starts reads (behind every demand read) of those neither resident nor
  * being read, into EMPTY slots or slots the policy would evict, never a pinned slot nor

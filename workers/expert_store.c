@@ -59,9 +59,9 @@ const expert_loc *expert_store_loc(const expert_store *st, int layer, int expert
 }
 
 static void set_weights(const expert_store *st, const uint8_t *const part[EXPERT_NT], expert_weights *w) {
-    w->w1 = (mxfp4_weight){st->I, st->L, part[EXPERT_W1_P], part[EXPERT_W1_S]};
-    w->w2 = (mxfp4_weight){st->L, st->I, part[EXPERT_W2_P], part[EXPERT_W2_S]};
-    w->w3 = (mxfp4_weight){st->I, st->L, part[EXPERT_W3_P], part[EXPERT_W3_S]};
+    w->w1 = (mxfp4_weight){st->I, st->L, part[EXPERT_W1_P], part[EXPERT_W1_S], 0};
+    w->w2 = (mxfp4_weight){st->L, st->I, part[EXPERT_W2_P], part[EXPERT_W2_S], 0};
+    w->w3 = (mxfp4_weight){st->I, st->L, part[EXPERT_W3_P], part[EXPERT_W3_S], 0};
 }
 
 void expert_weights_from_run(const expert_store *st, const expert_loc *loc, const uint8_t *base, expert_weights *w) {

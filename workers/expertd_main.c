@@ -114,6 +114,7 @@ static int setup(server *sv, int ring_fd, wire_ready *ready, k3_error *err) {
     if (cache_policy_parse(h->policy, &pol)) return k3_fail(err, "unknown expert-cache policy '%s'", h->policy);
     if (!(sv->cache = expert_cache_create(&sv->store, &sv->ck, h->cache_bytes, h->node, err))) return -1;
     expert_cache_set_policy(sv->cache, pol);
+    expert_cache_set_lanes(sv->cache, sv->k);
     if (expert_cache_set_readers(sv->cache, h->read_threads, err)) return -1;
     int n = 0;
     for (int l = 0; l < sv->cfg.num_hidden_layers; l++)

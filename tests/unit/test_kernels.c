@@ -354,7 +354,7 @@ static void test_mxfp4_gemm_scales(tstate *ts) {
     uint64_t seed = 77;
     for (size_t i = 0; i < rows * cols / 2; i++) packed[i] = (uint8_t)rng_next(&seed);
     for (size_t i = 0; i < ntok * cols; i++) x[i] = rnd_float(&seed);
-    mxfp4_weight W = {rows, cols, packed, scales};
+    mxfp4_weight W = {rows, cols, packed, scales, 0};
     for (size_t sp = 0; sp < sizeof special; sp++)
         for (int where = 0; where < 3; where++) {
             /* where 0: every block of every row; 1: one block (row 13, column block 1); 2: every
@@ -396,7 +396,7 @@ static void mx_case_make(mx_case *m, uint64_t *seed, size_t rows, size_t cols, s
     if (!m->pk || !m->sc || !m->x || !m->y || !m->ref) abort();
     fill_mxfp4(seed, m->pk, m->sc, rows, cols);
     for (size_t e = 0; e < maxtok * cols; e++) m->x[e] = rnd_float(seed);
-    m->W = (mxfp4_weight){rows, cols, m->pk, m->sc};
+    m->W = (mxfp4_weight){rows, cols, m->pk, m->sc, 0};
 }
 
 static void mx_case_free(mx_case *m) {
@@ -842,10 +842,94 @@ static void test_mxfp4_row_variants(tstate *ts) {
 #endif
 }
 
+/* The lane layout as the drivers take it (mxfp4_weight.lanes, made by mxfp4_repack_lanes, which
+ * the expert cache runs on resident experts): the in-place repack == k3_mxfp4_to_lanes (the
+ * vpermi2b one where the CPU has VBMI), and matmul_mxfp4_list on lane weights == the scalar
+ * matmul of the same codes in the release layout, at every level, for one token (the lane row
+ * kernel), two and three (it again, token by token), panels of 4 to 80 tokens (the AVX-512 gemm's
+ * lane decode into f32, and into double for scale bytes above 252), partial row blocks and other
+ * levels (the scalar lane dot), mixed in one list with release weights and a shared x. A lane
+ * weight whose width is not a multiple of 128 gives NaN. */
+static void test_mxfp4_lanes(tstate *ts) {
+    uint64_t seed = 29;
+    static const size_t rep_shapes[][2] = {{1, 128}, {3, 256}, {8, 3584}, {5, 7168}};
+    for (size_t i = 0; i < sizeof rep_shapes / sizeof rep_shapes[0]; i++) {
+        const size_t rows = rep_shapes[i][0], cols = rep_shapes[i][1], nb = rows * cols / 2;
+        uint8_t *a = malloc(nb), *want = malloc(nb);
+        if (!a || !want) abort();
+        for (size_t b = 0; b < nb; b++) a[b] = (uint8_t)rng_next(&seed);
+        k3_mxfp4_to_lanes(a, want, rows, cols);
+        mxfp4_repack_lanes(a, rows, cols);
+        CHECK(memcmp(a, want, nb) == 0, "mxfp4_repack_lanes %zux%zu differs from k3_mxfp4_to_lanes", rows, cols);
+        free(a), free(want);
+    }
+    enum { NW = 12, MAXT = 80 };
+    static const size_t shapes[NW][2] = {{16, 128}, {24, 256}, {5, 128}, {50, 384}, {9, 3584}, {8, 1024},
+                                         {97, 512}, {16, 128}, {200, 256}, {12, 640}, {33, 128}, {8, 256}};
+    static const size_t ntoks[] = {1, 2, 3, 4, 7, 19, MAXT};
+    mx_case mc[NW];
+    mxfp4_weight W[NW];
+    float *ys[NW], *ref[NW];
+    const float *xp[NW];
+    size_t nt[NW];
+    for (int i = 0; i < NW; i++) {
+        mx_case_make(&mc[i], &seed, shapes[i][0], shapes[i][1], MAXT);
+        if (i == 9 || i == 11) /* scale bytes above 252: the gemm's double decode */
+            for (size_t b = 0; b < shapes[i][0] * shapes[i][1] / 32; b++)
+                if (b % 5 == 2) mc[i].sc[b] = (uint8_t)(253 + b % 2);
+        ref[i] = mc[i].ref, ys[i] = mc[i].y;
+    }
+    for (size_t ti = 0; ti < sizeof ntoks / sizeof ntoks[0]; ti++) {
+        for (int i = 0; i < NW; i++) {
+            nt[i] = ntoks[(ti + (size_t)i) % (sizeof ntoks / sizeof ntoks[0])];
+            if (i == 7) nt[i] = nt[0]; /* the same x as weight 0 (an expert's w1 and w3) */
+            xp[i] = i == 7 ? mc[0].x : mc[i].x;
+            W[i] = mc[i].W;
+            W[i].packed = mc[i].pk;
+            for (size_t t = 0; t < nt[i]; t++) /* the release layout, scalar, one token at a time */
+                matmul_mxfp4(ts->levels[0], &W[i], xp[i] + t * W[i].cols, 1, ref[i] + t * W[i].rows);
+        }
+        uint8_t *lp[NW] = {0};
+        for (int i = 0; i < NW; i++) {
+            if (i % 4 == 3 && i != 7) continue; /* stays in the release layout */
+            const size_t nb = W[i].rows * W[i].cols / 2;
+            if (!(lp[i] = malloc(nb))) abort();
+            memcpy(lp[i], mc[i].pk, nb);
+            mxfp4_repack_lanes(lp[i], W[i].rows, W[i].cols);
+            W[i].packed = lp[i];
+            W[i].lanes = 1;
+        }
+        for (int l = 0; l < ts->nlevels; l++) {
+            for (int i = 0; i < NW; i++) memset(ys[i], 0xff, MAXT * W[i].rows * sizeof(float));
+            matmul_mxfp4_list(ts->levels[l], W, xp, nt, ys, NW);
+            for (int i = 0; i < NW; i++) {
+                size_t d = first_diff(ys[i], ref[i], nt[i] * W[i].rows);
+                CHECK(d == nt[i] * W[i].rows, "matmul_mxfp4_list %s %s weight %d (%zux%zu, %zu tokens): token %zu row %zu differs",
+                      ts->levels[l]->name, W[i].lanes ? "lanes" : "release", i, W[i].rows, W[i].cols, nt[i],
+                      d / W[i].rows, d % W[i].rows);
+            }
+            /* one matrix alone (matmul_mxfp4) on lanes: the same */
+            matmul_mxfp4(ts->levels[l], &W[4], xp[4], nt[4], ys[4]);
+            CHECK(first_diff(ys[4], ref[4], nt[4] * W[4].rows) == nt[4] * W[4].rows, "matmul_mxfp4 %s lanes %zu tokens differs",
+                  ts->levels[l]->name, nt[4]);
+        }
+        for (int i = 0; i < NW; i++) free(lp[i]);
+    }
+    /* a lane weight of a width that is not whole 128-column groups: NaN, not a guess */
+    mxfp4_weight bad = mc[0].W;
+    bad.cols = 96, bad.lanes = 1;
+    for (int l = 0; l < ts->nlevels; l++) {
+        matmul_mxfp4(ts->levels[l], &bad, mc[0].x, 1, mc[0].y);
+        CHECK(isnan(mc[0].y[0]) && isnan(mc[0].y[bad.rows - 1]), "%s: a lane weight with cols 96 did not give NaN",
+              ts->levels[l]->name);
+    }
+    for (int i = 0; i < NW; i++) mx_case_free(&mc[i]);
+}
+
 static void test_check_scales(void) {
     uint8_t packed[5 * 32] = {0}, scales[5 * 2];
     memset(scales, 127, sizeof scales);
-    mxfp4_weight W = {5, 64, packed, scales};
+    mxfp4_weight W = {5, 64, packed, scales, 0};
     size_t bad = 12345;
     CHECK(mxfp4_check_scales(&W, &bad) == 0, "mxfp4_check_scales: clean weight refused");
     scales[0] = 254;
@@ -867,7 +951,7 @@ static void test_broken_weight_is_nan(tstate *ts) {
     memset(scales, 127, sizeof scales);
     float x[2 * 48], y[2 * 3];
     for (size_t i = 0; i < 2 * 48; i++) x[i] = 1.0f;
-    mxfp4_weight W = {3, 48, packed, scales};
+    mxfp4_weight W = {3, 48, packed, scales, 0};
     matmul_mxfp4(ts->levels[0], &W, x, 2, y);
     int nan = 1;
     for (int i = 0; i < 6; i++) nan &= isnan(y[i]) != 0;
@@ -982,6 +1066,7 @@ int main(void) {
     test_many(&ts);
     test_mxfp4_many(&ts);
     test_mxfp4_list(&ts);
+    test_mxfp4_lanes(&ts);
     test_fma_is_exact();
     test_situ();
 

@@ -8,9 +8,10 @@
  * Usage: bench_kernels [--simd auto|avx2|avx512|scalar] [--quick]
  *        bench_kernels --ceilings   (only the ceilings, one line each: first touch of fresh
  *                                    weight memory, read bandwidth, FMA peak)
- *        bench_kernels --gemm [--case N] [--simd L] [--quick]   (the multi-token "prefill" kernels at
- *            prompt-chunk sizes, 1 thread and all: GFLOP/s in wall and in CPU time against
- *            the FMA peak measured the same way just before each case) */
+ *        bench_kernels --gemm [--case N] [--simd L] [--quick] [--lanes]   (the multi-token "prefill"
+ *            kernels at prompt-chunk sizes, 1 thread and all: GFLOP/s in wall and in CPU time
+ *            against the FMA peak measured the same way just before each case; --lanes: the MXFP4
+ *            cases read their codes as the lane layout, mxfp4_weight.lanes) */
 #include <emmintrin.h>
 #include <omp.h>
 #include <stdio.h>
@@ -315,7 +316,7 @@ static void fma_peak_both(int reps, double *wall, double *cpu) {
 /* --gemm: the prefill kernels (matmul_dense / matmul_mxfp4 from 4 tokens on) at the
  * trunk's and the experts' shapes and 16-512 tokens. Weights are random, finite; the
  * result is checked against one token at a time (the contract) once per case. */
-static int gemm_bench(const kernels *k, int quick, int only) {
+static int gemm_bench(const kernels *k, int quick, int only, int lanes) {
     typedef struct { const char *what; int mx; size_t rows, cols, ntok; } gcase;
     const gcase cs[] = {
         {"bf16", 0, 3072, 7168, 64},   {"bf16", 0, 3072, 7168, 128},  {"bf16", 0, 3072, 7168, 256},
@@ -358,7 +359,9 @@ static int gemm_bench(const kernels *k, int quick, int only) {
         if (only >= 0 && (size_t)only != i) continue;
         const gcase *c = &cs[i];
         dense_weight dw = {DTYPE_BF16, c->rows, c->cols, wb, -1, 0};
-        mxfp4_weight mw = {c->rows, c->cols, packed, scales};
+        /* --lanes: the random codes read as the lane layout (mxfp4_weight.lanes), where the width allows */
+        const int ml = lanes && c->cols % 128 == 0;
+        mxfp4_weight mw = {c->rows, c->cols, packed, scales, ml};
         /* the contract: == one token at a time */
         omp_set_num_threads(nthr_all);
         if (c->mx) matmul_mxfp4(k, &mw, x, c->ntok, y);
@@ -381,7 +384,7 @@ static int gemm_bench(const kernels *k, int quick, int only) {
                 const size_t cp = (size_t)calls % ncopy;
                 dense_weight dwc = {DTYPE_BF16, c->rows, c->cols, wb + cp * c->rows * c->cols, -1, 0};
                 mxfp4_weight mwc = {c->rows, c->cols, packed + cp * c->rows * c->cols / 2,
-                                    scales + cp * c->rows * c->cols / 32};
+                                    scales + cp * c->rows * c->cols / 32, ml};
                 double t0 = now_s(), c0 = cpu_s();
                 if (c->mx) matmul_mxfp4(k, &mwc, x, c->ntok, y);
                 else matmul_dense(k, &dwc, x, c->ntok, y);
@@ -391,7 +394,7 @@ static int gemm_bench(const kernels *k, int quick, int only) {
                 if (dc < bc) bc = dc;
             }
             double flop = 2.0 * (double)c->rows * (double)c->cols * (double)c->ntok;
-            printf("| %s | %zu x %zu | %zu | %d | %.2f | %.1f | %.0f %% | %.1f | %.0f %% |\n", c->what, c->rows, c->cols,
+            printf("| %s%s | %zu x %zu | %zu | %d | %.2f | %.1f | %.0f %% | %.1f | %.0f %% |\n", c->what, ml ? " (lanes)" : "", c->rows, c->cols,
                    c->ntok, th, 1e3 * bw, flop / bw / 1e9, 100 * flop / bw / 1e9 / pw, flop / bc / 1e9,
                    100 * flop / bc / 1e9 / pc);
             fflush(stdout);
@@ -404,7 +407,7 @@ static int gemm_bench(const kernels *k, int quick, int only) {
 
 int main(int argc, char **argv) {
     simd_level want = SIMD_AUTO;
-    int quick = 0, gemm = 0, only = -1;
+    int quick = 0, gemm = 0, only = -1, lanes = 0;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--simd") == 0 && i + 1 < argc) {
             if (simd_level_parse(argv[++i], &want) != 0) {
@@ -415,6 +418,8 @@ int main(int argc, char **argv) {
             quick = 1;
         } else if (strcmp(argv[i], "--gemm") == 0) {
             gemm = 1;
+        } else if (strcmp(argv[i], "--lanes") == 0) {
+            lanes = 1;
         } else if (strcmp(argv[i], "--case") == 0 && i + 1 < argc) {
             only = atoi(argv[++i]);
         } else if (strcmp(argv[i], "--ceilings") == 0) {
@@ -427,7 +432,7 @@ int main(int argc, char **argv) {
             }
             return print_ceilings_at(t);
         } else {
-            fprintf(stderr, "usage: bench_kernels [--simd auto|scalar|avx2|avx512] [--quick] [--gemm [--case N]] | --ceilings | --ceilings-at THREADS\n");
+            fprintf(stderr, "usage: bench_kernels [--simd auto|scalar|avx2|avx512] [--quick] [--gemm [--case N] [--lanes]] | --ceilings | --ceilings-at THREADS\n");
             return 2;
         }
     }
@@ -436,7 +441,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_kernels: SIMD level not supported by this CPU\n");
         return 2;
     }
-    if (gemm) return gemm_bench(best, quick, only);
+    if (gemm) return gemm_bench(best, quick, only, lanes);
     const int nthr_all = omp_get_max_threads();
     const double min_s = quick ? 0.1 : 1.0;
 
@@ -462,7 +467,7 @@ int main(int argc, char **argv) {
         wb[i] = (uint16_t)((wb[i] & 0x807f) | (uint16_t)((120 + (wb[i] >> 7) % 8) << 7));
 
     const size_t ncopies = 16; /* 16 x 5.85 MB: well beyond the caches, like distinct experts */
-    enum { NCASES = 7, MAXTOK = 64 };
+    enum { NCASES = 11, MAXTOK = 64 };
     bench_case cases[NCASES] = {
         {"bf16 matvec", 0, {DTYPE_BF16, brows, bcols, wb, -1, 0}, NULL, 0, brows * bcols * 2, 1},
         {"mxfp4 w1/w3", 1, {0, 0, 0, NULL, -1, 0}, NULL, ncopies, 0, 1},
@@ -471,6 +476,12 @@ int main(int argc, char **argv) {
         {"mxfp4 w1/w3, 32 tokens", 1, {0, 0, 0, NULL, -1, 0}, NULL, ncopies, 0, 32},
         {"bf16, 8 tokens", 0, {DTYPE_BF16, brows, bcols, wb, -1, 0}, NULL, 0, brows * bcols * 2, 8},
         {"bf16, 64 tokens", 0, {DTYPE_BF16, brows, bcols, wb, -1, 0}, NULL, 0, brows * bcols * 2, 64},
+        /* the same codes in the lane layout (mxfp4_weight.lanes: what the expert cache holds for a
+         * resident run where matmul_mxfp4_lanes_wanted), and two tokens in both layouts */
+        {"mxfp4 w1/w3, lanes", 1, {0, 0, 0, NULL, -1, 0}, NULL, ncopies, 0, 1},
+        {"mxfp4 w2, lanes", 1, {0, 0, 0, NULL, -1, 0}, NULL, ncopies, 0, 1},
+        {"mxfp4 w1/w3, 2 tokens", 1, {0, 0, 0, NULL, -1, 0}, NULL, ncopies, 0, 2},
+        {"mxfp4 w1/w3, lanes, 2 tokens", 1, {0, 0, 0, NULL, -1, 0}, NULL, ncopies, 0, 2},
     };
     const size_t mshape[2][2] = {{3072, 3584}, {3584, 3072}};
     size_t maxcols = bcols, maxrows = brows;
@@ -481,13 +492,23 @@ int main(int argc, char **argv) {
             uint8_t *packed = xmalloc(rows * cols / 2), *scales = xmalloc(rows * cols / 32);
             fill_random(packed, rows * cols / 2, 100 + e);
             for (size_t i = 0; i < rows * cols / 32; i++) scales[i] = (uint8_t)(120 + (i * 7 + e) % 12);
-            cases[ci].m[e] = (mxfp4_weight){rows, cols, packed, scales};
+            cases[ci].m[e] = (mxfp4_weight){rows, cols, packed, scales, 0};
         }
         cases[ci].bytes = rows * cols / 2 + rows * cols / 32;
+        /* the lane copies (cases 7 and 8): the same codes repacked, the same scales */
+        cases[ci + 6].m = xmalloc(ncopies * sizeof(mxfp4_weight));
+        for (size_t e = 0; e < ncopies; e++) {
+            uint8_t *lp = xmalloc(rows * cols / 2);
+            memcpy(lp, cases[ci].m[e].packed, rows * cols / 2);
+            mxfp4_repack_lanes(lp, rows, cols);
+            cases[ci + 6].m[e] = (mxfp4_weight){rows, cols, lp, cases[ci].m[e].scales, 1};
+        }
+        cases[ci + 6].bytes = cases[ci].bytes;
     }
-    for (int ci = 3; ci < 5; ci++) { /* same weights as w1/w3 */
-        cases[ci].m = cases[1].m;
-        cases[ci].bytes = cases[1].bytes;
+    static const int same_as[][2] = {{3, 1}, {4, 1}, {9, 1}, {10, 7}}; /* case, the case whose weights it uses */
+    for (size_t i = 0; i < sizeof same_as / sizeof same_as[0]; i++) {
+        cases[same_as[i][0]].m = cases[same_as[i][1]].m;
+        cases[same_as[i][0]].bytes = cases[same_as[i][1]].bytes;
     }
 
     float *x = xmalloc(MAXTOK * maxcols * sizeof *x), *y = xmalloc(MAXTOK * maxrows * sizeof *y),
@@ -561,8 +582,10 @@ int main(int argc, char **argv) {
         for (size_t e = 0; e < ncopies; e++) {
             free((void *)cases[ci].m[e].packed);
             free((void *)cases[ci].m[e].scales);
+            free((void *)cases[ci + 6].m[e].packed);
         }
         free(cases[ci].m);
+        free(cases[ci + 6].m);
     }
     free(wb);
     free(bwbuf);

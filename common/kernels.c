@@ -219,10 +219,9 @@ static void choice_pick(void) {
     choice.bf16_grab = ch ? atoi(ch) : 16;
     if (choice.bf16_grab < 0 || choice.bf16_grab > 1024) choice.bf16_grab = 0;
     choice.mxfp4_xd = words ? k3_rows_mxfp4_xdw_avx512 : k3_rows_mxfp4_xd_avx512;
-    /* the lane layout where the one-source lookup runs (Zen 4) and its repack has vpermi2b;
-     * K3_MXFP4_LANES=0|1 for measurements (1 also without VBMI: the repack is then scalar) */
-    const char *ln = getenv("K3_MXFP4_LANES");
-    choice.mxfp4_lanes = ln && strcmp(ln, "0") == 0 ? 0 : ln && strcmp(ln, "1") == 0 ? 1 : words && vbmi;
+    /* the lane layout where the one-source lookup runs (Zen 4) and its repack has vpermi2b
+     * (K3_MXFP4_LANES overrides it: matmul_mxfp4_lanes_wanted) */
+    choice.mxfp4_lanes = words && vbmi;
 }
 /* the one-token kernels chosen for this CPU, once */
 static const cpu_choice *choice_for_cpu(void) {
@@ -232,7 +231,8 @@ static const cpu_choice *choice_for_cpu(void) {
 #endif
 
 static rowblock_fns rowblock_for(const kernels *k) {
-    rowblock_fns b = {NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0, 0};
+    rowblock_fns b;
+    memset(&b, 0, sizeof b);
 #ifdef K3_HAVE_X86_KERNELS
     /* every CPU with the AVX2 or AVX-512 level has AVX2 + FMA (cpu_has) */
     b.gemm = k->dot_bf16 == k3_dot_bf16_avx512 ? 2 : k->dot_bf16 == k3_dot_bf16_avx2 ? 1 : 0;
@@ -713,7 +713,8 @@ void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *con
         const size_t per = !gemm[i] ? K3_ROWBLOCK : rb.gemm == 2 ? K3_GEMM_NR_AVX512 : K3_GEMM_NR;
         first[i + 1] = first[i] + (W[i].rows + per - 1) / per;
         /* lane layout: two or three tokens too, one at a time by the lane kernel (release: the
-         * float _x2 kernel, each weight decoded once for two) */
+         * float _x2 kernel, each weight decoded once for two, which measured as fast as two
+         * one-token passes on Zen 4: docs/PERFORMANCE.md "Eleventh session") */
         one[i] = rb.mxfp4_xd && W[i].rows >= K3_ROWBLOCK && (ntok[i] == 1 || (W[i].lanes && !gemm[i]));
     }
     /* x of the one-token matrices in double, converted once here instead of once per row block
@@ -780,11 +781,14 @@ void k3_mxfp4_from_lanes(const uint8_t *src, uint8_t *dst, size_t rows, size_t c
 }
 
 int matmul_mxfp4_lanes_wanted(const kernels *k, size_t cols) {
+    if (!k || cols % K3_MXFP4_LANE_COLS != 0) return 0;
+    /* K3_MXFP4_LANES=0: never; =1: at every level (tests: other levels run the scalar lane dot) */
+    const char *ln = getenv("K3_MXFP4_LANES");
+    if (ln && strcmp(ln, "0") == 0) return 0;
+    if (ln && strcmp(ln, "1") == 0) return 1;
 #ifdef K3_HAVE_X86_KERNELS
-    return k && k->dot_mxfp4 == k3_dot_mxfp4_avx512 && cols % K3_MXFP4_LANE_COLS == 0 && choice_for_cpu()->mxfp4_lanes;
+    return k->dot_mxfp4 == k3_dot_mxfp4_avx512 && choice_for_cpu()->mxfp4_lanes;
 #else
-    (void)k;
-    (void)cols;
     return 0;
 #endif
 }

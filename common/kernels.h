@@ -108,9 +108,9 @@ size_t matmul_gemm_ws_bytes(void);
 int matmul_reserve_gemm(const kernels *k, int nthreads);
 
 /* Whether this level's kernels run a one-token MXFP4 matmul of this width faster from the lane
- * layout: the AVX-512 level where it chose the one-source lookup (Zen 4) and has AVX512-VBMI,
- * cols % 128 == 0, and K3_MXFP4_LANES is not "0" (a measurement switch). Only speed depends on
- * it: matmul_mxfp4 gives the same bits for either layout at every level. */
+ * layout: cols % 128 == 0 and the AVX-512 level where it chose the one-source lookup (Zen 4)
+ * and has AVX512-VBMI. K3_MXFP4_LANES=0 says never, =1 always (any level: measurements and
+ * tests). Only speed depends on it: matmul_mxfp4 gives either layout the same bits everywhere. */
 int matmul_mxfp4_lanes_wanted(const kernels *k, size_t cols);
 /* Rewrites rows x cols/2 release-layout codes in place into the lane layout (cols % 128 == 0;
  * the scales are unchanged): with vpermi2b where the CPU has AVX512-VBMI, else scalar. */

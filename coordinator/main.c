@@ -407,6 +407,8 @@ static json_t *memory_json(const run_info *ri, const expert_backend *eb) {
     if (ri->n_workers == 0 && !ri->mpi) {
         expert_cache_stats cs = experts_local_cache_stats(eb);
         json_object_set_new(j, "expert_read_wait_s", json_real(cs.read_wait_s));
+        json_object_set_new(j, "experts_lane_layout", json_integer((json_int_t)cs.repacked));
+        json_object_set_new(j, "expert_repack_s", json_real(cs.repack_s));
     }
     return j;
 }

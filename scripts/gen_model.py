@@ -56,6 +56,14 @@ PRESETS = {
                  mla_H=4, q_lora=128, kv_lora=64, nope=32, rope=16, vdim=32,
                  I_dense=2048, n_exp=8, topk=2, n_shared=1, I_moe=64, L_lat=128,
                  rsf=1.0, shards=2, merges=252, n_gen=0),
+    # Expert widths that are whole 128-column groups (I_moe and L_lat), 4 layers: the lane
+    # layout of MXFP4 codes the expert cache uses in resident runs on Zen 4 (tests/t_58_lanes.sh
+    # and tests/t_20_model_gates.sh; generated there, not committed).
+    "lanes": dict(E=64, layers=4, block=3, full=[2, 4],
+                  kda_H=2, kda_D=16, conv_K=4, gate_lb=-5.0,
+                  mla_H=2, q_lora=24, kv_lora=16, nope=8, rope=8, vdim=8,
+                  I_dense=64, n_exp=8, topk=3, n_shared=1, I_moe=128, L_lat=128,
+                  rsf=1.0, shards=1, merges=252, n_gen=12),
     # More heads than one attention job takes (MLA: 8 heads a job; KDA: per head), 4 layers:
     # the engine's head blocking against the reference (tests/t_20_model_gates.sh; generated
     # there, not committed).

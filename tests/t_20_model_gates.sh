@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Model gates: the C engine ($K3_BIN) against the committed fixtures (tests/expected/*.json,
 # *.logits.f32 from the float64 reference scripts/k3ref.py), for each committed model and
-# for the "heads" preset generated here (more heads than one attention job takes):
+# for the "heads" preset generated here (more heads than one attention job takes) and the
+# "lanes" one (expert widths of whole 128-column groups: the lane layout of resident experts):
 #  (a) teacher forcing: --teacher-force --gen 0 gives tf_pred == fixture (and its logits,
 #      rows 0..n_prompt-1, are within the fixture tolerance of the reference)
 #  (b) greedy with --full-recompute gives generated_ids == fixture
@@ -67,14 +68,18 @@ logits() {
 # "heads": more attention heads than one job takes (MLA 19 = 8 + 8 + 3, KDA 9), generated
 # here by scripts/gen_model.py (not committed; about 2 s)
 gen="$tmp/gen"
-if ! "$PYTHON" scripts/gen_model.py --preset heads --out "$gen/models/heads" --expected-dir "$gen/expected" >"$tmp/gen.log" 2>&1; then
-  bad "gen_model.py --preset heads failed"; cat "$tmp/gen.log"
-fi
+# "lanes": expert widths of whole 128-column groups, whose codes a resident run on Zen 4 keeps in
+# the lane layout (tests/t_58_lanes.sh forces it on any CPU)
+for g in heads lanes; do
+  if ! "$PYTHON" scripts/gen_model.py --preset $g --out "$gen/models/$g" --expected-dir "$gen/expected" >"$tmp/gen.log" 2>&1; then
+    bad "gen_model.py --preset $g failed"; cat "$tmp/gen.log"
+  fi
+done
 
-for m in m13 m14b12 heads; do
+for m in m13 m14b12 heads lanes; do
   model="tests/models/$m"
   fx="tests/expected/$m.json"
-  if [ "$m" = heads ]; then model="$gen/models/$m"; fx="$gen/expected/$m.json"; fi
+  if [ "$m" = heads ] || [ "$m" = lanes ]; then model="$gen/models/$m"; fx="$gen/expected/$m.json"; fi
   [ -f "$fx" ] || continue
   read -r P N TOL V NP < <("$PYTHON" -c 'import json,sys; d=json.load(open(sys.argv[1])); print(",".join(map(str,d["prompt_ids"])), d["n_gen"], d["tolerance_abs"], d["vocab_size"], len(d["prompt_ids"]))' "$fx")
   ref="$(dirname "$fx")/$m.logits.f32"

@@ -295,9 +295,12 @@ static void slot_repack(expert_cache *c, cache_slot *s, const expert_loc *loc) {
     expert_weights w;
     slot_weights(c, s, loc, &w);
     const mxfp4_weight *m[3] = {&w.w1, &w.w2, &w.w3};
+    const double t0 = k3_now_s();
     for (int i = 0; i < 3; i++)
         if (c->lanes[i]) mxfp4_repack_lanes(s->buf + (m[i]->packed - s->buf), m[i]->rows, m[i]->cols);
     s->lanes = 1;
+    c->stats.repacked++;
+    c->stats.repack_s += k3_now_s() - t0;
 }
 
 void expert_cache_set_lanes(expert_cache *c, const kernels *k) {

@@ -59,6 +59,8 @@ typedef struct {
     uint64_t hint_hits;   /* lookups that found an expert a hint had read (in hits too) */
     uint64_t hint_wasted; /* hinted experts their layer's next request did not ask for */
     double read_wait_s;   /* time the requests waited for reads (the stall that reading costs compute) */
+    uint64_t repacked;    /* experts rewritten into the lane layout (expert_cache_set_lanes) */
+    double repack_s;      /* the time that took */
 } expert_cache_stats;
 
 /* node < 0: plain allocation. Fails (naming the minimum) if the budget is below one slot. */

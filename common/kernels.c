@@ -520,48 +520,12 @@ void matmul_dense_many(const kernels *k, const dense_weight *W, const float *con
 
 /* Job bi of an MXFP4 matmul: tile bi (K3_GEMM_NR rows, AVX-512 K3_GEMM_NR_AVX512, x all tokens) when gemm, else row
  * block bi (K3_ROWBLOCK rows, two tokens at a time where a _x2 kernel exists; one token
- * from xd, x in double, when the driver converted it). */
-static void mxfp4_job(const kernels *k, const rowblock_fns *rb, int gemm, const mxfp4_weight *W, const float *x,
-                      const double *xd, size_t ntok, float *y, size_t bi);
-
-/* mxfp4_job for a lane-layout weight (cols % 128 == 0): the AVX-512 panel kernel on it when gemm
- * (the list gives gemm only at that level), the lane row-block kernel token by token from xd
- * (ntok tokens of cols doubles) where the driver converted x, else the scalar lane dot. */
-static void mxfp4_lanes_job(const rowblock_fns *rb, int gemm, const mxfp4_weight *W, const float *x,
-                            const double *xd, size_t ntok, float *y, size_t bi) {
-    const size_t rows = W->rows, cols = W->cols;
-#ifdef K3_HAVE_X86_KERNELS
-    if (gemm) {
-        const size_t r0 = bi * K3_GEMM_NR_AVX512, nr = rows - r0 < K3_GEMM_NR_AVX512 ? rows - r0 : K3_GEMM_NR_AVX512;
-        double *ws = gemm_ws();
-        if (!ws) { /* no workspace: the panel's row blocks (the same bits) */
-            for (size_t b = r0 / K3_ROWBLOCK; b * K3_ROWBLOCK < r0 + nr; b++) mxfp4_lanes_job(rb, 0, W, x, NULL, ntok, y, b);
-            return;
-        }
-        k3_gemm_mxfp4l_avx512(W->packed, W->scales, rows, cols, r0, nr, x, ntok, y, ws);
-        return;
-    }
-#else
-    (void)gemm;
-#endif
-    const size_t r0 = bi * K3_ROWBLOCK, nr = rows - r0 < K3_ROWBLOCK ? rows - r0 : K3_ROWBLOCK;
-    const uint8_t *p = W->packed + r0 * (cols / 2), *s = W->scales + r0 * (cols / 32);
-    float o[K3_ROWBLOCK];
-    for (size_t t = 0; t < ntok; t++) {
-        if (xd && rb->mxfp4_xdl && nr == K3_ROWBLOCK) rb->mxfp4_xdl(p, s, xd + t * cols, cols, o);
-        else
-            for (size_t j = 0; j < nr; j++) o[j] = dot_mxfp4_lanes_scalar(p + j * (cols / 2), s + j * (cols / 32), x + t * cols, cols);
-        put_rows(y, rows, r0, nr, t, o);
-    }
-}
-
+ * from xd, x in double, when the driver converted it). A lane-layout weight (W->lanes, cols %
+ * 128 == 0) gets gemm only at the AVX-512 level (its lane panels), its row blocks the lane kernel
+ * token by token from xd (ntok tokens of cols doubles), or the scalar lane dot without xd. */
 static void mxfp4_job(const kernels *k, const rowblock_fns *rb, int gemm, const mxfp4_weight *W, const float *x,
                       const double *xd, size_t ntok, float *y, size_t bi) {
     const size_t rows = W->rows, cols = W->cols;
-    if (W->lanes) {
-        mxfp4_lanes_job(rb, gemm, W, x, xd, ntok, y, bi);
-        return;
-    }
 #ifdef K3_HAVE_X86_KERNELS
     if (gemm) {
         const size_t per = rb->gemm == 2 ? K3_GEMM_NR_AVX512 : K3_GEMM_NR;
@@ -572,10 +536,11 @@ static void mxfp4_job(const kernels *k, const rowblock_fns *rb, int gemm, const 
                 for (size_t b = r0 / K3_ROWBLOCK; b * K3_ROWBLOCK < r0 + nr; b++) mxfp4_job(k, rb, 0, W, x, NULL, ntok, y, b);
                 return;
             }
-            k3_gemm_mxfp4_avx512(W->packed, W->scales, rows, cols, r0, nr, x, ntok, y, ws);
+            (W->lanes ? k3_gemm_mxfp4l_avx512 : k3_gemm_mxfp4_avx512)(W->packed, W->scales, rows, cols, r0, nr, x, ntok,
+                                                                      y, ws);
             return;
         }
-        k3_gemm_mxfp4_avx2(W->packed, W->scales, rows, cols, r0, nr, x, ntok, y);
+        k3_gemm_mxfp4_avx2(W->packed, W->scales, rows, cols, r0, nr, x, ntok, y); /* never lanes: the list says */
         return;
     }
 #else
@@ -585,6 +550,16 @@ static void mxfp4_job(const kernels *k, const rowblock_fns *rb, int gemm, const 
     const uint8_t *p = W->packed + r0 * (cols / 2), *s = W->scales + r0 * (cols / 32);
     size_t t = 0;
     float o[2 * K3_ROWBLOCK];
+    if (W->lanes) { /* 1-3 tokens from xd by the lane kernel, token by token; else the scalar lane dot */
+        for (; t < ntok; t++) {
+            if (xd && rb->mxfp4_xdl && nr == K3_ROWBLOCK) rb->mxfp4_xdl(p, s, xd + t * cols, cols, o);
+            else
+                for (size_t j = 0; j < nr; j++)
+                    o[j] = dot_mxfp4_lanes_scalar(p + j * (cols / 2), s + j * (cols / 32), x + t * cols, cols);
+            put_rows(y, rows, r0, nr, t, o);
+        }
+        return;
+    }
     if (xd && nr == K3_ROWBLOCK) { /* ntok == 1 */
         rb->mxfp4_xd(p, s, xd, cols, o);
         put_rows(y, rows, r0, nr, 0, o);

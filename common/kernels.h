@@ -97,7 +97,9 @@ void matmul_mxfp4_list(const kernels *k, const mxfp4_weight *W, const float *con
  * kernel for it, AVX-512) into a buffer of the calling thread, grown when a call needs more
  * (each distinct x of a call once, cols doubles each) and kept for the thread's life. This
  * reserves n doubles up front so that decode never allocates; 0, or -1 without memory (the
- * kernels then convert x per row block: the same bits). */
+ * kernels then convert x per row block: the same bits). A lane-layout MXFP4 matrix
+ * (mxfp4_weight.lanes) of two or three tokens takes cols doubles per token: a batched step may grow
+ * the buffer once beyond this reserve. */
 int matmul_reserve_x(size_t n);
 /* The AVX-512 multi-token kernels work in a per-thread workspace of matmul_gemm_ws_bytes()
  * (600 KiB; 0 where there are none), allocated on a thread's first need and kept for its life.

@@ -31,6 +31,9 @@
  *    give each 32-bit lane its code, vpermps looks it up in the block's 16-entry table
  *    E2M1 x 2^(s-127) made by one vscalefps), exact for scale bytes <= 252 (with no
  *    FTZ/DAZ: s = 0 gives f32 subnormals), widened to double in the micro-kernel;
+ *  - MXFP4 in the lane layout (mxfp4_weight.lanes, k3_gemm_mxfp4l_avx512): the same two
+ *    decodes, each 128 columns of a row one 64-byte load (f32: two vpermd, then vpsrlvd +
+ *    vpermps per 16; double: vpsrlvq + vpermi2pd per 8);
  *  - otherwise (a partial last column block of a dense row, cols % 8 != 0; an MXFP4
  *    sub-tile with a block scale above 252): decoded into doubles (wd: bf16 shift, f32
  *    widening, MXFP4 by the double table and vpermi2pd) as before.

@@ -162,6 +162,9 @@ typedef struct {
     k3_rows_bf16_xsn_fn bf16_xs16n;        /* bf16_xs16 prefetching the thread's next job (NULL: none) */
     int bf16_grab; /* with bf16_xs16n: jobs a grab of a dynamic schedule in its regions (0: the runtime's) */
     int gemm; /* the multi-token kernels may be used (K3_GEMM_MIN_TOK+ tokens): 1 AVX2 + FMA, 2 AVX-512 */
+#ifdef K3_HAVE_X86_KERNELS
+    k3_gemm_weights gemm_weights; /* gemm 2: this CPU's choice */
+#endif
 } rowblock_fns;
 
 #ifdef K3_HAVE_X86_KERNELS
@@ -192,6 +195,7 @@ typedef struct {
     int bf16_grab;                  /* jobs a grab of a dynamic schedule in those regions (0: the runtime's) */
     k3_rows_mxfp4_xd_fn mxfp4_xd;
     int mxfp4_lanes; /* matmul_mxfp4_lanes_wanted: the lane layout is faster here */
+    k3_gemm_weights gemm_weights; /* how the AVX-512 gemm's micro-kernels get their weights */
 } cpu_choice;
 static cpu_choice choice;
 static pthread_once_t choice_once = PTHREAD_ONCE_INIT;
@@ -222,6 +226,12 @@ static void choice_pick(void) {
     /* the lane layout where the one-source lookup runs (Zen 4) and its repack has vpermi2b
      * (K3_MXFP4_LANES overrides it: matmul_mxfp4_lanes_wanted) */
     choice.mxfp4_lanes = words && vbmi;
+    /* the gemm widens weights in its micro-kernels on Zen 4 only (kernels_impl.h; measurement
+     * switch K3_GEMM_WEIGHTS=widen|double) */
+    const char *gw = getenv("K3_GEMM_WEIGHTS");
+    choice.gemm_weights = zen4 ? K3_GEMM_WIDEN : K3_GEMM_DOUBLE;
+    if (gw && strcmp(gw, "widen") == 0) choice.gemm_weights = K3_GEMM_WIDEN;
+    else if (gw && strcmp(gw, "double") == 0) choice.gemm_weights = K3_GEMM_DOUBLE;
 }
 /* the one-token kernels chosen for this CPU, once */
 static const cpu_choice *choice_for_cpu(void) {
@@ -236,6 +246,7 @@ static rowblock_fns rowblock_for(const kernels *k) {
 #ifdef K3_HAVE_X86_KERNELS
     /* every CPU with the AVX2 or AVX-512 level has AVX2 + FMA (cpu_has) */
     b.gemm = k->dot_bf16 == k3_dot_bf16_avx512 ? 2 : k->dot_bf16 == k3_dot_bf16_avx2 ? 1 : 0;
+    if (b.gemm == 2) b.gemm_weights = choice_for_cpu()->gemm_weights;
     if (k->dot_f32 == k3_dot_f32_avx512) b.f32 = k3_rows_f32_avx512;
     if (k->dot_bf16 == k3_dot_bf16_avx512) {
         b.bf16 = k3_rows_bf16_avx512;
@@ -328,8 +339,8 @@ static void dense_job(const kernels *k, const rowblock_fns *rb, int gemm, const 
                 for (size_t b = r0 / K3_ROWBLOCK; b * K3_ROWBLOCK < r0 + nr; b++) dense_job(k, rb, 0, W, x, NULL, ntok, y, b, NULL, 0);
                 return;
             }
-            if (W->dtype == DTYPE_F32) k3_gemm_f32_avx512(W->data, rows, cols, r0, nr, x, ntok, y, ws);
-            else k3_gemm_bf16_avx512(W->data, rows, cols, r0, nr, x, ntok, y, ws);
+            if (W->dtype == DTYPE_F32) k3_gemm_f32_avx512(W->data, rows, cols, r0, nr, x, ntok, y, ws, rb->gemm_weights);
+            else k3_gemm_bf16_avx512(W->data, rows, cols, r0, nr, x, ntok, y, ws, rb->gemm_weights);
             return;
         }
         if (W->dtype == DTYPE_F32) k3_gemm_f32_avx2(W->data, rows, cols, r0, nr, x, ntok, y);
@@ -537,7 +548,7 @@ static void mxfp4_job(const kernels *k, const rowblock_fns *rb, int gemm, const 
                 return;
             }
             (W->lanes ? k3_gemm_mxfp4l_avx512 : k3_gemm_mxfp4_avx512)(W->packed, W->scales, rows, cols, r0, nr, x, ntok,
-                                                                      y, ws);
+                                                                      y, ws, rb->gemm_weights);
             return;
         }
         k3_gemm_mxfp4_avx2(W->packed, W->scales, rows, cols, r0, nr, x, ntok, y); /* never lanes: the list says */

@@ -19,8 +19,9 @@
  * (12) rows the 4-row x 6-token micro-kernel keeps 24 FMA chains in registers (24 FMAs
  * per 10 loads: each activation is loaded into a register once, not folded into the 4
  * FMAs) token group by token group, over the KC / 8 = 32 steps of the column block. The
- * weights reach it in one of three forms (2026-12-02, "Prefill, eighth session" in
- * docs/PERFORMANCE.md):
+ * weights reach it in one of these forms, by the caller's k3_gemm_weights (kernels_impl.h):
+ * K3_GEMM_DOUBLE (every CPU but Zen 4) always the last one, decoded doubles; K3_GEMM_WIDEN (Zen 4,
+ * 2026-12-02, "Prefill, eighth session" in docs/PERFORMANCE.md) the first that applies:
  *  - bf16 (and f32) with no padding in the column block: read from W itself by the
  *    micro-kernel, each step's 8 weights of a row widened there (vpmovzxwd, shift,
  *    vcvtps2pd: exact); the sub-tile's raw rows (6 KiB) and the group's xd slice (12 KiB)
@@ -36,7 +37,12 @@
  *    vpermps per 16; double: vpsrlvq + vpermi2pd per 8);
  *  - otherwise (a partial last column block of a dense row, cols % 8 != 0; an MXFP4
  *    sub-tile with a block scale above 252): decoded into doubles (wd: bf16 shift, f32
- *    widening, MXFP4 by the double table and vpermi2pd) as before.
+ *    widening, MXFP4 by the double table and vpermi2pd) as before. With a 48 KiB L1 (the
+ *    Intel Xeon VM) the 24 KiB double sub-tile and the 12 KiB activation slice stay in L1
+ *    together and the micro-kernel issues only loads and FMAs: widening in the micro-kernel
+ *    costs each 8 weights of a row 3-4 shuffle/convert ops on the FMA ports per 6 tokens,
+ *    decoding a sub-tile once costs them once per token block (twelfth session: bf16 gemm
+ *    50 -> 64 % of the FMA peak, MXFP4 61 -> 68 %).
  * The panel's accumulators (NP x TB x 8 doubles, 432 KiB of the caller's workspace) live
  * in L2 between column blocks. Why these sizes (bench_kernels --gemm and a stand-alone
  * sweep, 1 thread, 2026-12-01): with everything in L1 the micro-kernel runs at the FMA
@@ -367,13 +373,15 @@ static inline __attribute__((always_inline)) int pack_w_mxfp4_f32(int lanes, con
 /* Rows r0 .. r0+nr (nr <= NP) x all tokens. Per token block (at most TB tokens, the
  * blocks of one call balanced), per column block: the block's activations decoded once
  * (xd, for all nr rows), then per sub-tile of NS rows the micro-kernels run token group
- * by token group, on W's own bf16 / f32 rows, on the sub-tile's MXFP4 weights decoded once
- * into f32, or (padding, a scale above 252) decoded once into double (wd); xd's 6-token
+ * by token group; with K3_GEMM_WIDEN on W's own bf16 / f32 rows, on the sub-tile's MXFP4 weights
+ * decoded once into f32, or (padding, a scale above 252) decoded once into double (wd); with
+ * K3_GEMM_DOUBLE always on wd; xd's 6-token
  * slice and the sub-tile stay in L1, the accumulators of the panel, NP x TB x 8 doubles,
  * in L2 between column blocks. */
-static inline __attribute__((always_inline)) void gemm_tile(wkind kind, const void *w, const uint8_t *scales,
-                                                            size_t rows, size_t cols, size_t r0, size_t nr,
-                                                            const float *x, size_t ntok, float *y, double *ws) {
+static inline __attribute__((always_inline)) void gemm_tile(wkind kind, k3_gemm_weights how, const void *w,
+                                                            const uint8_t *scales, size_t rows, size_t cols, size_t r0,
+                                                            size_t nr, const float *x, size_t ntok, float *y, double *ws) {
+    const int widen = how == K3_GEMM_WIDEN;
     double *const acc = ws, *const xd = acc + WS_ACC, *const wd = xd + WS_XD;
     const size_t nblk = (ntok + TB - 1) / TB;
     const size_t tb = (ntok + nblk - 1) / nblk; /* <= TB; the last block is at most nblk - 1 tokens short */
@@ -389,14 +397,14 @@ static inline __attribute__((always_inline)) void gemm_tile(wkind kind, const vo
                 const size_t ns = nr - s0 < NS ? nr - s0 : NS;
                 double *const a = acc + s0 * TB * 8;
                 const x_source *const xsp = s0 == 0 ? &xs : NULL;
-                if (kind != W_MXFP4 && kind != W_MXFP4L && kn == kn8) { /* no padding: the micro-kernels read W's rows themselves */
+                if (widen && kind != W_MXFP4 && kind != W_MXFP4L && kn == kn8) { /* no padding: the micro-kernels read W's rows */
                     const size_t esz = kind == W_BF16 ? 2 : 4;
                     const char *ws0 = (const char *)w + ((r0 + s0) * cols + k0) * esz;
                     if (pf)
                         for (size_t r = 0; r < ns; r++) prefetch_span(ws0 + (r * cols + kc) * esz, kc * esz);
                     if (kind == W_BF16) token_groups_bf16(nt, ns, (const uint16_t *)ws0, cols, xd, kn8 / 8, a, xsp);
                     else token_groups_f32(nt, ns, (const float *)ws0, cols, xd, kn8 / 8, a, xsp);
-                } else if ((kind == W_MXFP4 || kind == W_MXFP4L) &&
+                } else if (widen && (kind == W_MXFP4 || kind == W_MXFP4L) &&
                            pack_w_mxfp4_f32(kind == W_MXFP4L, w, scales, cols, r0 + s0, ns, k0, kn, pf, kc, (float *)wd)) {
                     token_groups_f32(nt, ns, (const float *)wd, kc, xd, kn8 / 8, a, xsp);
                 } else {
@@ -411,23 +419,23 @@ static inline __attribute__((always_inline)) void gemm_tile(wkind kind, const vo
 }
 
 void k3_gemm_f32_avx512(const float *w, size_t rows, size_t cols, size_t r0, size_t nr, const float *x, size_t ntok,
-                        float *y, double *ws) {
-    gemm_tile(W_F32, w, NULL, rows, cols, r0, nr, x, ntok, y, ws);
+                        float *y, double *ws, k3_gemm_weights how) {
+    gemm_tile(W_F32, how, w, NULL, rows, cols, r0, nr, x, ntok, y, ws);
 }
 
 void k3_gemm_bf16_avx512(const uint16_t *w, size_t rows, size_t cols, size_t r0, size_t nr, const float *x,
-                         size_t ntok, float *y, double *ws) {
-    gemm_tile(W_BF16, w, NULL, rows, cols, r0, nr, x, ntok, y, ws);
+                         size_t ntok, float *y, double *ws, k3_gemm_weights how) {
+    gemm_tile(W_BF16, how, w, NULL, rows, cols, r0, nr, x, ntok, y, ws);
 }
 
 void k3_gemm_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, size_t rows, size_t cols, size_t r0,
-                          size_t nr, const float *x, size_t ntok, float *y, double *ws) {
-    gemm_tile(W_MXFP4, packed, scales, rows, cols, r0, nr, x, ntok, y, ws);
+                          size_t nr, const float *x, size_t ntok, float *y, double *ws, k3_gemm_weights how) {
+    gemm_tile(W_MXFP4, how, packed, scales, rows, cols, r0, nr, x, ntok, y, ws);
 }
 
 void k3_gemm_mxfp4l_avx512(const uint8_t *lanes, const uint8_t *scales, size_t rows, size_t cols, size_t r0,
-                           size_t nr, const float *x, size_t ntok, float *y, double *ws) {
-    gemm_tile(W_MXFP4L, lanes, scales, rows, cols, r0, nr, x, ntok, y, ws);
+                           size_t nr, const float *x, size_t ntok, float *y, double *ws, k3_gemm_weights how) {
+    gemm_tile(W_MXFP4L, how, lanes, scales, rows, cols, r0, nr, x, ntok, y, ws);
 }
 
 #endif

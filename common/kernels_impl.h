@@ -90,15 +90,23 @@ void k3_gemm_mxfp4_avx2(const uint8_t *packed, const uint8_t *scales, size_t row
 #define K3_GEMM_NR_AVX512 96
 #endif
 size_t k3_gemm_ws_doubles_avx512(void);
+/* How the weights reach the micro-kernels (the same bits either way, test_kernels checks both):
+ * K3_GEMM_WIDEN: bf16 / f32 rows read from W and widened to double in the micro-kernel, MXFP4
+ * decoded once per token block into f32 and widened there (chosen on Zen 4, whose 32 KiB L1 does
+ * not hold a double sub-tile beside the activations); K3_GEMM_DOUBLE: every sub-tile decoded once
+ * per token block into doubles, so the micro-kernel's only vector ops are loads and FMAs (chosen
+ * elsewhere: on the Intel Xeon VM 1.25x the bf16 gemm, 1.1x the MXFP4 one; docs/PERFORMANCE.md
+ * "Twelfth session"). */
+typedef enum { K3_GEMM_WIDEN = 0, K3_GEMM_DOUBLE = 1 } k3_gemm_weights;
 void k3_gemm_f32_avx512(const float *w, size_t rows, size_t cols, size_t r0, size_t nr, const float *x, size_t ntok,
-                        float *y, double *ws);
+                        float *y, double *ws, k3_gemm_weights how);
 void k3_gemm_bf16_avx512(const uint16_t *w, size_t rows, size_t cols, size_t r0, size_t nr, const float *x,
-                         size_t ntok, float *y, double *ws);
+                         size_t ntok, float *y, double *ws, k3_gemm_weights how);
 void k3_gemm_mxfp4_avx512(const uint8_t *packed, const uint8_t *scales, size_t rows, size_t cols, size_t r0,
-                          size_t nr, const float *x, size_t ntok, float *y, double *ws);
+                          size_t nr, const float *x, size_t ntok, float *y, double *ws, k3_gemm_weights how);
 /* the same bits from the lane layout (cols % K3_MXFP4_LANE_COLS == 0) */
 void k3_gemm_mxfp4l_avx512(const uint8_t *lanes, const uint8_t *scales, size_t rows, size_t cols, size_t r0,
-                           size_t nr, const float *x, size_t ntok, float *y, double *ws);
+                           size_t nr, const float *x, size_t ntok, float *y, double *ws, k3_gemm_weights how);
 /* n64 groups of 64 release-layout bytes (128 codes of one row) rewritten in place into the lane
  * layout (AVX512-VBMI: k3_cpu_has_vbmi) */
 void k3_mxfp4_to_lanes_vbmi(uint8_t *p, size_t n64);

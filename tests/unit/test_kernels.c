@@ -842,6 +842,81 @@ static void test_mxfp4_row_variants(tstate *ts) {
 #endif
 }
 
+/* The AVX-512 gemm's two ways of giving the micro-kernels their weights (k3_gemm_weights:
+ * widened there, or each sub-tile decoded into doubles once per token block; a CPU's drivers use
+ * one), each called directly: == the scalar matmul one token at a time, for f32, bf16 (with and
+ * without a partial last 8-column step, extreme values), MXFP4 in both layouts (scale bytes up to
+ * 254: the double decode either way), partial panels and sub-tiles, 4 to 150 tokens (one and
+ * three token blocks). */
+static void test_gemm_weights(tstate *ts) {
+#ifdef K3_HAVE_X86_KERNELS
+    if (!kernels_get(SIMD_AVX512)) {
+        printf("SKIP gemm weights: no AVX-512\n");
+        return;
+    }
+    static const uint16_t wv[] = {0x0001, 0x8001, 0x007f, 0x807f, 0x0080, 0x7f7f, 0xff7f, 0x0000, 0x8000, 0x3f80};
+    static const size_t shapes[][2] = {{12, 96}, {40, 203}, {97, 256}, {13, 520}, {200, 128}, {24, 1024}};
+    static const size_t ntoks[] = {4, 7, 19, 80, 150};
+    enum { MAXT = 150 };
+    double *ws = aligned_alloc(64, (k3_gemm_ws_doubles_avx512() * sizeof(double) + 63) & ~(size_t)63);
+    if (!ws) abort();
+    uint64_t seed = 91;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const size_t rows = shapes[si][0], cols = shapes[si][1];
+        float *x = malloc(MAXT * cols * sizeof *x), *wf = malloc(rows * cols * sizeof *wf);
+        float *ref = malloc(MAXT * rows * sizeof *ref), *y = malloc(MAXT * rows * sizeof *y);
+        uint16_t *wb = malloc(rows * cols * sizeof *wb);
+        uint8_t *pk = malloc(rows * cols / 2 + 1), *lp = malloc(rows * cols / 2 + 1), *sc = malloc(rows * cols / 32 + 1);
+        if (!x || !wf || !ref || !y || !wb || !pk || !lp || !sc) abort();
+        for (size_t i = 0; i < MAXT * cols; i++) x[i] = rnd_float(&seed);
+        for (size_t i = 0; i < rows * cols; i++) {
+            wf[i] = rnd_float(&seed);
+            wb[i] = rng_next(&seed) % 8 == 0 ? wv[rng_next(&seed) % (sizeof wv / sizeof wv[0])] : rnd_bf16(&seed);
+        }
+        const int mx = cols % 32 == 0, lanes = cols % 128 == 0;
+        if (mx) {
+            fill_mxfp4(&seed, pk, sc, rows, cols);
+            for (size_t b = 0; b < rows * cols / 32; b++)
+                if (b % 7 == 3) sc[b] = (uint8_t)(250 + b % 5); /* 250..254: both sides of 252 */
+            memcpy(lp, pk, rows * cols / 2);
+            if (lanes) mxfp4_repack_lanes(lp, rows, cols);
+        }
+        for (int kind = 0; kind < 4; kind++) { /* f32, bf16, MXFP4 release, MXFP4 lanes */
+            if ((kind >= 2 && !mx) || (kind == 3 && !lanes)) continue;
+            const dense_weight D = {kind == 0 ? DTYPE_F32 : DTYPE_BF16, rows, cols, kind == 0 ? (const void *)wf : wb, 0, 0};
+            const mxfp4_weight M = {rows, cols, pk, sc, 0};
+            for (size_t t = 0; t < MAXT; t++) {
+                if (kind < 2) matmul_dense(ts->levels[0], &D, x + t * cols, 1, ref + t * rows);
+                else matmul_mxfp4(ts->levels[0], &M, x + t * cols, 1, ref + t * rows);
+            }
+            for (size_t ti = 0; ti < sizeof ntoks / sizeof ntoks[0]; ti++)
+                for (int how = 0; how < 2; how++) {
+                    const size_t nt = ntoks[ti];
+                    memset(y, 0xff, nt * rows * sizeof *y);
+                    for (size_t r0 = 0; r0 < rows; r0 += K3_GEMM_NR_AVX512) {
+                        const size_t nr = rows - r0 < K3_GEMM_NR_AVX512 ? rows - r0 : K3_GEMM_NR_AVX512;
+                        const k3_gemm_weights hw = how ? K3_GEMM_DOUBLE : K3_GEMM_WIDEN;
+                        if (kind == 0) k3_gemm_f32_avx512(wf, rows, cols, r0, nr, x, nt, y, ws, hw);
+                        else if (kind == 1) k3_gemm_bf16_avx512(wb, rows, cols, r0, nr, x, nt, y, ws, hw);
+                        else if (kind == 2) k3_gemm_mxfp4_avx512(pk, sc, rows, cols, r0, nr, x, nt, y, ws, hw);
+                        else k3_gemm_mxfp4l_avx512(lp, sc, rows, cols, r0, nr, x, nt, y, ws, hw);
+                    }
+                    const size_t d = first_diff(y, ref, nt * rows);
+                    CHECK(d == nt * rows, "gemm %s %s %zux%zu, %zu tokens: token %zu row %zu differs (%a, want %a)",
+                          kind == 0 ? "f32" : kind == 1 ? "bf16" : kind == 2 ? "mxfp4" : "mxfp4 lanes",
+                          how ? "double" : "widen", rows, cols, nt, d / rows, d % rows, d < nt * rows ? y[d] : 0.0f,
+                          d < nt * rows ? ref[d] : 0.0f);
+                }
+        }
+        free(x), free(wf), free(ref), free(y), free(wb), free(pk), free(lp), free(sc);
+    }
+    free(ws);
+#else
+    (void)ts;
+    printf("SKIP gemm weights: no x86 kernels\n");
+#endif
+}
+
 /* The lane layout as the drivers take it (mxfp4_weight.lanes, made by mxfp4_repack_lanes, which
  * the expert cache runs on resident experts): the in-place repack == k3_mxfp4_to_lanes (the
  * vpermi2b one where the CPU has VBMI), and matmul_mxfp4_list on lane weights == the scalar
@@ -1067,6 +1142,7 @@ int main(void) {
     test_mxfp4_many(&ts);
     test_mxfp4_list(&ts);
     test_mxfp4_lanes(&ts);
+    test_gemm_weights(&ts);
     test_fma_is_exact();
     test_situ();
 

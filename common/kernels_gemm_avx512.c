@@ -41,8 +41,8 @@
  *    Intel Xeon VM) the 24 KiB double sub-tile and the 12 KiB activation slice stay in L1
  *    together and the micro-kernel issues only loads and FMAs: widening in the micro-kernel
  *    costs each 8 weights of a row 3-4 shuffle/convert ops on the FMA ports per 6 tokens,
- *    decoding a sub-tile once costs them once per token block (twelfth session: bf16 gemm
- *    50 -> 64 % of the FMA peak, MXFP4 61 -> 68 %).
+ *    decoding a sub-tile once costs them once per token block (twelfth session, bench_kernels
+ *    --gemm, 1 thread: bf16 gemm 48-50 -> 57-64 % of the FMA peak, MXFP4 52-61 -> 55-68 %).
  * The panel's accumulators (NP x TB x 8 doubles, 432 KiB of the caller's workspace) live
  * in L2 between column blocks. Why these sizes (bench_kernels --gemm and a stand-alone
  * sweep, 1 thread, 2026-12-01): with everything in L1 the micro-kernel runs at the FMA

@@ -779,6 +779,24 @@ int matmul_mxfp4_lanes_wanted(const kernels *k, size_t cols) {
 #endif
 }
 
+const char *kernels_choice_text(const kernels *k, char *buf, size_t n) {
+    if (!buf || n == 0) return buf;
+    snprintf(buf, n, "none");
+#ifdef K3_HAVE_X86_KERNELS
+    if (k && k->dot_bf16 == k3_dot_bf16_avx512) {
+        const cpu_choice *c = choice_for_cpu();
+        const char *ln = getenv("K3_MXFP4_LANES");
+        const int lanes = ln && strcmp(ln, "0") == 0 ? 0 : ln && strcmp(ln, "1") == 0 ? 1 : c->mxfp4_lanes;
+        snprintf(buf, n, "bf16=%s mxfp4=%s lanes=%d gemm=%s", c->bf16_xs16 == k3_rows_bf16_xsb16_avx512 ? "bytes" : "shift",
+                 c->mxfp4_xd == k3_rows_mxfp4_xdw_avx512 ? "words" : "pd", lanes,
+                 c->gemm_weights == K3_GEMM_WIDEN ? "widen" : "double");
+    }
+#else
+    (void)k;
+#endif
+    return buf;
+}
+
 void mxfp4_repack_lanes(uint8_t *packed, size_t rows, size_t cols) {
     const size_t n64 = rows * (cols / K3_MXFP4_LANE_COLS); /* a row is cols / 128 groups of 64 bytes */
 #ifdef K3_HAVE_X86_KERNELS

@@ -114,6 +114,11 @@ int matmul_reserve_gemm(const kernels *k, int nthreads);
  * and has AVX512-VBMI. K3_MXFP4_LANES=0 says never, =1 always (any level: measurements and
  * tests). Only speed depends on it: matmul_mxfp4 gives either layout the same bits everywhere. */
 int matmul_mxfp4_lanes_wanted(const kernels *k, size_t cols);
+/* What the drivers chose for this CPU at this level, for reports (--json kernel_choice): e.g.
+ * "bf16=shift mxfp4=pd lanes=0 gemm=double" at AVX-512 (one-token bf16 kernel shift|bytes, MXFP4
+ * lookup pd|words, the lane layout for resident experts, the gemm's weights widen|double),
+ * "none" at the other levels (no choice by CPU there). Writes at most n bytes with the NUL; returns buf. */
+const char *kernels_choice_text(const kernels *k, char *buf, size_t n);
 /* Rewrites rows x cols/2 release-layout codes in place into the lane layout (cols % 128 == 0;
  * the scales are unchanged): with vpermi2b where the CPU has AVX512-VBMI, else scalar. */
 void mxfp4_repack_lanes(uint8_t *packed, size_t rows, size_t cols);

@@ -167,7 +167,8 @@ static const cli_flag FLAGS[] = {
      "serve: prefix snapshots kept in memory, so a conversation's next request skips what was computed (0 = off)"},
     {"json", "FILE", CLI_STR, OFF(json_path), 0, 0, NULL, NULL,
      "`prompt_ids`, `generated_ids`, `generated_text`, `tf_pred`, `timing`, `peak_rss_bytes`, `n_workers`, "
-     "per-worker `workers` stats; `timing.load_s` is every weight in before the first forward (`load_model_s` headers, "
+     "per-worker `workers` stats, `simd` and `kernel_choice` (the kernels this CPU got, e.g. `bf16=shift mxfp4=pd lanes=0 "
+     "gemm=double`); `timing.load_s` is every weight in before the first forward (`load_model_s` headers, "
      "`load_trunk_s` the pinned trunk's reads, `load_experts_s` the expert backend), `prefill_s` the prompt's forwards "
      "(`prefill_tokens` positions); `*_cpu_s`: CPU seconds of all threads in the same span (less than threads x wall when other work shares the cores); `timing.decode_tokens_per_s` is `decode_tokens` / `decode_s`: the tokens after the "
      "first (the first comes from the prefill's step, whose time is `prefill_s`); `timing.prefill_phases` and "

@@ -525,6 +525,8 @@ static int write_outputs(const options *o, const run_result *r, const engine *en
         json_object_set_new(j, "mode", json_string(o->full_recompute ? "full-recompute" : "incremental"));
         json_object_set_new(j, "threads", json_integer(ri->threads));
         json_object_set_new(j, "simd", json_string(en->k->name));
+        char kc[96];
+        json_object_set_new(j, "kernel_choice", json_string(kernels_choice_text(en->k, kc, sizeof kc)));
         json_t *tm = json_object();
         /* load_s: every weight in before the first forward (headers, the pinned trunk's reads,
          * the expert backend); prefill_s: the prompt's forwards and the first token's pick */

@@ -275,7 +275,12 @@ s0, s1 = stat(f"{out}/stat0"), stat(f"{out}/stat1")
 if len(s0) >= 8 and len(s1) >= 8:  # user nice system idle iowait irq softirq steal
     d = [b - a for a, b in zip(s0[:8], s1[:8])]
     print(f"CPU time stolen by the hypervisor during the hold (/proc/stat steal): {100 * d[7] / max(1, sum(d)):.1f} % of all CPU time.")
-print(f"Command: `make bench-limits` (scripts/bench_limits.sh; K3={k3}{', BASE_K3=' + base_k3 if base_k3 else ''}).\n")
+print(f"Command: `make bench-limits` (scripts/bench_limits.sh; K3={k3}{', BASE_K3=' + base_k3 if base_k3 else ''}).")
+for who, label in (("new", "k3 (this tree)"), ("base", "k3 before (BASE_K3)")):
+    jc = load(f"{who}-dec{nt}") or load(f"{who}-dec1")
+    if jc:  # --json kernel_choice (an older k3 has none)
+        print(f"Kernels {label} got: `{jc.get('kernel_choice', 'not reported')}` (simd {jc.get('simd', '?')}).")
+print()
 print("| ceiling | 1 thread | %d threads |" % nt)
 print("|---|---|---|")
 print("| read bandwidth GB/s (best of 1-8 streams per thread, before / after; the hold's best, also of the measurements around the runs) | %.1f / %.1f; %.1f | %.1f / %.1f; %.1f |" % (

@@ -6,7 +6,7 @@
 # run on any CPU with AVX-512: the whole kernel battery (bin/test_kernels) through the drivers
 # in each way, and the engine's ids and teacher-forced logits on a generated model, in-process
 # and through 2 expert servers (they inherit the environment), prefill chunks of 64 and 5 tokens
-# (the panels: 4+ tokens), identical between the two ways.
+# (the panels: 4+ tokens), identical between the two ways (--json kernel_choice shows the way used).
 set -u
 cd "$(dirname "$0")/.."
 K3="${K3_BIN:-bin/k3}"
@@ -14,6 +14,7 @@ PY="${PYTHON:-/usr/bin/python3}"
 T="${K3_TEST_TMP:-$(mktemp -d)}/gemm_weights"
 mkdir -p "$T"
 fail() { echo "FAIL: $*"; exit 1; }
+. tests/lib.sh # jget
 
 M="$T/models/lanes"
 [ -f "$M/config.json" ] || $PY scripts/gen_model.py --preset lanes --out "$M" --no-expected > "$T/gen.log" 2>&1 \
@@ -33,8 +34,10 @@ for w in 0 2; do
   for chunk in 64 5; do
     for how in widen double; do
       K3_GEMM_WEIGHTS=$how "$K3" "$M" --ids "$ids" --gen 6 --teacher-force --workers $w --preset max --chunk $chunk \
-        --simd avx512 --dump-logits "$T/$how.f32" > "$T/$how.out" 2> "$T/$how.err" \
+        --simd avx512 --dump-logits "$T/$how.f32" --json "$T/$how.json" > "$T/$how.out" 2> "$T/$how.err" \
         || { cat "$T/$how.err"; fail "workers=$w chunk=$chunk K3_GEMM_WEIGHTS=$how: run failed"; }
+      kc=$(jget "$T/$how.json" kernel_choice)
+      case "$kc" in *"gemm=$how"*) ;; *) fail "K3_GEMM_WEIGHTS=$how: --json kernel_choice says '$kc'" ;; esac
     done
     cmp -s "$T/widen.f32" "$T/double.f32" || fail "workers=$w chunk=$chunk: logits differ between widen and double"
     cmp -s "$T/widen.out" "$T/double.out" || fail "workers=$w chunk=$chunk: ids differ between widen and double"

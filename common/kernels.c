@@ -785,10 +785,9 @@ const char *kernels_choice_text(const kernels *k, char *buf, size_t n) {
 #ifdef K3_HAVE_X86_KERNELS
     if (k && k->dot_bf16 == k3_dot_bf16_avx512) {
         const cpu_choice *c = choice_for_cpu();
-        const char *ln = getenv("K3_MXFP4_LANES");
-        const int lanes = ln && strcmp(ln, "0") == 0 ? 0 : ln && strcmp(ln, "1") == 0 ? 1 : c->mxfp4_lanes;
         snprintf(buf, n, "bf16=%s mxfp4=%s lanes=%d gemm=%s", c->bf16_xs16 == k3_rows_bf16_xsb16_avx512 ? "bytes" : "shift",
-                 c->mxfp4_xd == k3_rows_mxfp4_xdw_avx512 ? "words" : "pd", lanes,
+                 c->mxfp4_xd == k3_rows_mxfp4_xdw_avx512 ? "words" : "pd",
+                 matmul_mxfp4_lanes_wanted(k, K3_MXFP4_LANE_COLS), /* for widths of whole lane groups */
                  c->gemm_weights == K3_GEMM_WIDEN ? "widen" : "double");
     }
 #else

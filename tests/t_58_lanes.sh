@@ -16,11 +16,10 @@ PY="${PYTHON:-/usr/bin/python3}"
 T="${K3_TEST_TMP:-$(mktemp -d)}/lanes"
 mkdir -p "$T"
 fail() { echo "FAIL: $*"; exit 1; }
-. tests/lib.sh # jget
+. tests/lib.sh # jget, gen_preset
 
 M="$T/models/lanes"
-[ -f "$M/config.json" ] || $PY scripts/gen_model.py --preset lanes --out "$M" --no-expected > "$T/gen.log" 2>&1 \
-  || { cat "$T/gen.log"; fail "generating the lanes model"; }
+gen_preset lanes "$M" || fail "generating the lanes model"
 ids=306,326,470,469,258,466,460,265
 common=(--ids "$ids" --gen 8 --teacher-force)
 

@@ -14,11 +14,10 @@ PY="${PYTHON:-/usr/bin/python3}"
 T="${K3_TEST_TMP:-$(mktemp -d)}/gemm_weights"
 mkdir -p "$T"
 fail() { echo "FAIL: $*"; exit 1; }
-. tests/lib.sh # jget
+. tests/lib.sh # jget, gen_preset
 
 M="$T/models/lanes"
-[ -f "$M/config.json" ] || $PY scripts/gen_model.py --preset lanes --out "$M" --no-expected > "$T/gen.log" 2>&1 \
-  || { cat "$T/gen.log"; fail "generating the test model"; }
+gen_preset lanes "$M" || fail "generating the test model"
 if ! "$K3" "$M" --ids 1 --gen 1 --simd avx512 > /dev/null 2> "$T/probe.err"; then
   echo "SKIP: --simd avx512 not on this CPU (the gemm's two ways are AVX-512 kernels): $(head -c 200 "$T/probe.err")"
   exit 0

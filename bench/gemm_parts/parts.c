@@ -11,13 +11,20 @@
  *   gemm widen / double  k3_gemm_bf16_avx512 and k3_gemm_mxfp4_avx512 over ROWS x COLS (default
  *                   3072 x 7168: 44 MB of bf16, from memory) and TOKENS (128) in 96-row panels,
  *                   both k3_gemm_weights.
+ * -DK3_PARTS_SRC='"FILE"' includes a timing variant of the kernel source instead
+ * (bench/gemm_parts/variants.py: the decode or the activations' conversion skipped, or rdtsc
+ * around the parts, printed with -DK3_PARTS_TSC).
  * Compile-time knobs of the kernel source (-DKC=, -DTB=, -DNS=, -DPF_HINT=, -DK3_GEMM_NR_AVX512=)
  * change the blocking for a sweep; the results of the twelfth session's sweep are in
  * docs/PERFORMANCE.md ("Twelfth session"). Compare only runs alternated in one hold. */
-#include "common/kernels_gemm_avx512.c"
+#ifndef K3_PARTS_SRC
+#define K3_PARTS_SRC "common/kernels_gemm_avx512.c" /* or a variant of it: bench/gemm_parts/variants.py */
+#endif
+#include K3_PARTS_SRC
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
+#include <x86intrin.h>
 
 static double now_s(void) {
     struct timespec t;
@@ -78,6 +85,11 @@ int main(int argc, char **argv) {
     const size_t reps = (size_t)(3e9 / (2.0 * (double)nw * (double)ntok)) + 1;
     for (int mx = 0; mx < 2; mx++)
         for (int how = 0; how < 2; how++) {
+#ifdef K3_PARTS_TSC
+            extern unsigned long long k3_parts_tsc_pw, k3_parts_tsc_s0, k3_parts_tsc_sn, k3_parts_fma_s0, k3_parts_fma_sn;
+            k3_parts_tsc_pw = k3_parts_tsc_s0 = k3_parts_tsc_sn = k3_parts_fma_s0 = k3_parts_fma_sn = 0;
+            const unsigned long long tsc0 = __rdtsc();
+#endif
             best = 1e30;
             for (int rep = 0; rep < 3; rep++) {
                 const double t0 = now_s();
@@ -93,6 +105,16 @@ int main(int argc, char **argv) {
             }
             printf("gemm %s %s %zu x %zu, %zu tokens: %.1f GFLOP/s\n", mx ? "mxfp4" : "bf16", how ? "double" : "widen",
                    rows, cols, ntok, 2.0 * (double)reps * (double)nw * (double)ntok / best / 1e9);
+#ifdef K3_PARTS_TSC
+            if (how) { /* the variant's counters cover the double path only */
+                const double all = (double)(__rdtsc() - tsc0);
+                printf("  TSC share: decode %.1f %%, first sub-tile %.1f %% at %.2f FMAs a TSC cycle, the others %.1f %% at %.2f\n",
+                       100.0 * (double)k3_parts_tsc_pw / all, 100.0 * (double)k3_parts_tsc_s0 / all,
+                       k3_parts_tsc_s0 ? (double)k3_parts_fma_s0 / (double)k3_parts_tsc_s0 : 0.0,
+                       100.0 * (double)k3_parts_tsc_sn / all,
+                       k3_parts_tsc_sn ? (double)k3_parts_fma_sn / (double)k3_parts_tsc_sn : 0.0);
+            }
+#endif
         }
     free(ws), free(w), free(pk), free(sc), free(x), free(y);
     return 0;

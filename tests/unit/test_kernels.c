@@ -273,10 +273,10 @@ static void test_threads(tstate *ts) {
 }
 
 /* Prefill-sized batches: row counts across the multi-token kernels' row tiles (24;
- * AVX-512: 96-row panels of 24-row sub-tiles) and micro-kernels (3; AVX-512: 4), token
+ * AVX-512: 96-row panels of 12-row sub-tiles) and micro-kernels (3; AVX-512: 4), token
  * counts across their token blocks (16; AVX-512: at most 72, balanced) and
- * micro-kernels (4; AVX-512: 6), column counts across their column blocks (AVX2 128, AVX-512 256, or 128 for
- * a block of under 32 tokens) with tails:
+ * micro-kernels (4; AVX-512: 6), column counts across their column blocks (AVX2 128, AVX-512 256)
+ * with tails:
  * every (row, token) of a batch == a single-token scalar call. */
 static void test_batches(tstate *ts) {
     static const size_t shapes[][3] = {/* rows, cols, ntok */

@@ -226,10 +226,11 @@ static void choice_pick(void) {
     /* the lane layout where the one-source lookup runs (Zen 4) and its repack has vpermi2b
      * (K3_MXFP4_LANES overrides it: matmul_mxfp4_lanes_wanted) */
     choice.mxfp4_lanes = words && vbmi;
-    /* the gemm widens weights in its micro-kernels on Zen 4 only (kernels_impl.h; measurement
-     * switch K3_GEMM_WEIGHTS=widen|double) */
+    /* the gemm widens weights in its micro-kernels on Zen 4 and Zen 5 (AMD family 26, 0x1a), decodes
+     * them into doubles once per token block elsewhere (kernels_impl.h; measurement switch
+     * K3_GEMM_WEIGHTS=widen|double) */
     const char *gw = getenv("K3_GEMM_WEIGHTS");
-    choice.gemm_weights = zen4 ? K3_GEMM_WIDEN : K3_GEMM_DOUBLE;
+    choice.gemm_weights = zen4 || cpu_is_amd_family(0x1a) ? K3_GEMM_WIDEN : K3_GEMM_DOUBLE;
     if (gw && strcmp(gw, "widen") == 0) choice.gemm_weights = K3_GEMM_WIDEN;
     else if (gw && strcmp(gw, "double") == 0) choice.gemm_weights = K3_GEMM_DOUBLE;
 }

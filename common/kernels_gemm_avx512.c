@@ -20,8 +20,9 @@
  * per 10 loads: each activation is loaded into a register once, not folded into the 4
  * FMAs) token group by token group, over the KC / 8 = 32 steps of the column block. The
  * weights reach it in one of these forms, by the caller's k3_gemm_weights (kernels_impl.h):
- * K3_GEMM_DOUBLE (every CPU but Zen 4) always the last one, decoded doubles; K3_GEMM_WIDEN (Zen 4,
- * 2026-12-02, "Prefill, eighth session" in docs/PERFORMANCE.md) the first that applies:
+ * K3_GEMM_DOUBLE (every CPU but Zen 4 and Zen 5) always the last one, decoded doubles; K3_GEMM_WIDEN
+ * (Zen 4, 2026-12-02, "Prefill, eighth session" in docs/PERFORMANCE.md; Zen 5 since the thirteenth
+ * session) the first that applies:
  *  - bf16 (and f32) with no padding in the column block: read from W itself by the
  *    micro-kernel, each step's 8 weights of a row widened there (vpmovzxwd, shift,
  *    vcvtps2pd: exact); the sub-tile's raw rows (6 KiB) and the group's xd slice (12 KiB)

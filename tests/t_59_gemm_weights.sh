@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The AVX-512 gemm's two ways of giving its micro-kernels their weights (k3_gemm_weights,
 # common/kernels_impl.h; docs/PERFORMANCE.md "Twelfth session"): widened in the micro-kernel
-# (chosen on Zen 4) or every sub-tile decoded into doubles once per token block (chosen
+# (chosen on Zen 4 and Zen 5) or every sub-tile decoded into doubles once per token block (chosen
 # elsewhere). A CPU's drivers use one; K3_GEMM_WEIGHTS=widen|double forces either, so here both
 # run on any CPU with AVX-512: the whole kernel battery (bin/test_kernels) through the drivers
 # in each way, and the engine's ids and teacher-forced logits on a generated model, in-process

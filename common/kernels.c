@@ -181,8 +181,10 @@ int k3_cpu_has_vbmi(void) {
  * on Zen 4 (seventh session, docs/PERFORMANCE.md): bf16 16-row jobs build the doubles' bytes with
  * vpermi2b (a shift per 32 weights instead of per 8: 1 thread from memory 18.7 -> 24.8 GB/s;
  * needs AVX512-VBMI), MXFP4 looks the weights up with a one-source vpermw (29.5 -> 31.7
- * GFLOP/s). Everywhere else (Intel, Zen 5, where they were measured) the shift kernel
- * k3_rows_bf16_xs16_avx512 and vpermi2pd in k3_rows_mxfp4_xd_avx512. Measurement switches:
+ * GFLOP/s). Everywhere else (Intel, Zen 5, where they were measured; on Zen 5 again in the
+ * thirteenth session against the byte kernel, the one-source lookup and the lane layout, which
+ * were slower there) the shift kernel k3_rows_bf16_xs16_avx512 and vpermi2pd in
+ * k3_rows_mxfp4_xd_avx512. Measurement switches:
  * K3_DECODE_BF16=shift|bytes (bytes only with VBMI), K3_DECODE_MXFP4=pd|words. With the byte kernel
  * each 16-row job also prefetches the thread's next job into L2 (k3_rows_bf16_xsb16n_avx512: one
  * sequential stream instead of 16; eighth session: 1 thread from memory 22-24 -> 27.5-28.3 GB/s,

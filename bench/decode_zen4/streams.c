@@ -23,6 +23,24 @@ static double now_s(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
+/* one 64-byte line of the stream at p into a (pf: bytes ahead prefetched, 0: none) */
+static inline __m512i read_line(__m512i a, const uint8_t *p, int pf) {
+    if (pf) _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
+    return _mm512_add_epi64(a, _mm512_load_si512((const void *)p));
+}
+static inline uint64_t lane0(__m512i a) {
+    uint64_t l[8];
+    _mm512_storeu_si512((void *)l, a);
+    return l[0];
+}
+/* GB/s of one timed pass of `bytes` started at t0, the better of it and best (total: the sum,
+ * kept so that the reads are not optimised away) */
+static double better(double best, size_t bytes, double t0, uint64_t total) {
+    const double dt = now_s() - t0;
+    if (total == 42) fprintf(stderr, " ");
+    return (double)bytes / dt / 1e9 > best ? (double)bytes / dt / 1e9 : best;
+}
+
 /* S streams per thread; pf: bytes ahead prefetched in each (0: none) */
 static double streams_bw(const uint8_t *buf, size_t n, int S, int pf) {
     double best = 0;
@@ -36,18 +54,10 @@ static double streams_bw(const uint8_t *buf, size_t n, int S, int pf) {
             const uint8_t *b0 = buf + me * share * 64;
             __m512i a = _mm512_setzero_si512();
             for (size_t i = 0; i < part; i++)
-                for (int s = 0; s < S; s++) {
-                    const uint8_t *p = b0 + ((size_t)s * part + i) * 64;
-                    if (pf) _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
-                    a = _mm512_add_epi64(a, _mm512_load_si512((const void *)p));
-                }
-            uint64_t l[8];
-            _mm512_storeu_si512((void *)l, a);
-            total += l[0];
+                for (int s = 0; s < S; s++) a = read_line(a, b0 + ((size_t)s * part + i) * 64, pf);
+            total += lane0(a);
         }
-        const double dt = now_s() - t0;
-        if (total == 42) fprintf(stderr, " ");
-        if ((double)n / dt / 1e9 > best) best = (double)n / dt / 1e9;
+        best = better(best, n, t0, total);
     }
     return best;
 }
@@ -64,18 +74,10 @@ static double rows_bw(const uint8_t *buf, size_t n, int R, size_t C, int pf) {
             const uint8_t *b = buf + j * job;
             __m512i a = _mm512_setzero_si512();
             for (size_t c = 0; c < C; c += 64)
-                for (int q = 0; q < R; q++) {
-                    const uint8_t *p = b + (size_t)q * C + c;
-                    if (pf) _mm_prefetch((const char *)p + pf, _MM_HINT_T0);
-                    a = _mm512_add_epi64(a, _mm512_load_si512((const void *)p));
-                }
-            uint64_t l[8];
-            _mm512_storeu_si512((void *)l, a);
-            total += l[0];
+                for (int q = 0; q < R; q++) a = read_line(a, b + (size_t)q * C + c, pf);
+            total += lane0(a);
         }
-        const double dt = now_s() - t0;
-        if (total == 42) fprintf(stderr, " ");
-        if ((double)(nj * job) / dt / 1e9 > best) best = (double)(nj * job) / dt / 1e9;
+        best = better(best, nj * job, t0, total);
     }
     return best;
 }

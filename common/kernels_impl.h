@@ -93,8 +93,8 @@ size_t k3_gemm_ws_doubles_avx512(void);
 /* How the weights reach the micro-kernels (the same bits either way, test_kernels checks both):
  * K3_GEMM_WIDEN: bf16 / f32 rows read from W and widened to double in the micro-kernel, MXFP4
  * decoded once per token block into f32 and widened there (chosen on Zen 4, whose 32 KiB L1 does
- * not hold a double sub-tile beside the activations, and on Zen 5, where the widening overlaps the
- * FMAs: the engine's prefill even to 1.04x, docs/PERFORMANCE.md "Thirteenth session"); K3_GEMM_DOUBLE:
+ * not hold a double sub-tile beside the activations, and on Zen 5, where it measured even with the
+ * doubles to 1.04x faster in the engine's prefill, docs/PERFORMANCE.md "Thirteenth session"); K3_GEMM_DOUBLE:
  * every sub-tile decoded once per token block into doubles, so the micro-kernel's only vector ops
  * are loads and FMAs (chosen elsewhere: on the Intel Xeon VM 1.25x the bf16 gemm, 1.1x the MXFP4
  * one; docs/PERFORMANCE.md "Twelfth session"). */

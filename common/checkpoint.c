@@ -235,28 +235,46 @@ float *checkpoint_read_floats(checkpoint *ck, const ckpt_entry *e, size_t n, k3_
     return out;
 }
 
+/* Whether one of the 64 bytes at p holds a value whose exponent is all ones. Tested 8 bytes at a
+ * time, branch-free: with E the exponent mask repeated over a word's lanes (16-bit bf16, 32-bit
+ * f32), m = (w & E) ^ E has a zero lane exactly where a value's exponent is all ones, and
+ * (m - ONE) & ~m & TOP is non-zero iff some lane of m is zero (every lane of m is below its top
+ * bit, so the lowest zero lane borrows into its top bit and no lane below it can). */
+static inline uint64_t block_has_nonfinite(const unsigned char *p, uint64_t E, uint64_t ONE, uint64_t TOP) {
+    uint64_t hit = 0;
+    for (size_t j = 0; j < 8; j++) {
+        uint64_t w;
+        memcpy(&w, p + 8 * j, 8);
+        const uint64_t m = (w & E) ^ E;
+        hit |= (m - ONE) & ~m & TOP;
+    }
+    return hit;
+}
+
 size_t floats_first_nonfinite(const void *p, st_dtype dt, size_t n) {
     const unsigned char *b = p;
-    if (dt == ST_BF16) { /* exponent all ones */
-        size_t i = 0;
-        for (; i + 64 <= n; i += 64) { /* branch-free block test; the loop vectorises */
-            unsigned bad = 0;
-            for (size_t j = 0; j < 64; j++) {
-                uint16_t v;
-                memcpy(&v, b + 2 * (i + j), 2);
-                bad |= (v & 0x7f80u) == 0x7f80u;
-            }
-            if (bad) break;
-        }
-        for (; i < n; i++) {
+    const size_t es = dt == ST_BF16 ? 2 : dt == ST_F32 ? 4 : 0;
+    if (!es) return n;
+    const uint64_t E = es == 2 ? 0x7f807f807f807f80ull : 0x7f8000007f800000ull;
+    const uint64_t ONE = es == 2 ? 0x0001000100010001ull : 0x0000000100000001ull;
+    const uint64_t TOP = es == 2 ? 0x8000800080008000ull : 0x8000000080000000ull;
+    /* the four quarters' blocks side by side: four sequential read streams (on the Intel Xeon VM
+     * one stream read 8.5 GB/s from memory, four 12.0 of the 13.3 its core reads; the block test
+     * itself runs at ~30 GB/s in cache); on a hit, the values from the first quarter's block on
+     * are scanned one by one, so the index returned is the first */
+    const size_t per = 64 / es, q = n / per / 4 * per;
+    size_t i = 0;
+    for (; i < q; i += per)
+        if (block_has_nonfinite(b + es * i, E, ONE, TOP) | block_has_nonfinite(b + es * (q + i), E, ONE, TOP) |
+            block_has_nonfinite(b + es * (2 * q + i), E, ONE, TOP) | block_has_nonfinite(b + es * (3 * q + i), E, ONE, TOP))
+            break;
+    if (i == q) i = 4 * q; /* all four quarters clean */
+    for (; i < n; i++) {
+        if (es == 2) {
             uint16_t v;
             memcpy(&v, b + 2 * i, 2);
             if ((v & 0x7f80u) == 0x7f80u) return i;
-        }
-        return n;
-    }
-    if (dt == ST_F32) {
-        for (size_t i = 0; i < n; i++) {
+        } else {
             uint32_t v;
             memcpy(&v, b + 4 * i, 4);
             if ((v & 0x7f800000u) == 0x7f800000u) return i;

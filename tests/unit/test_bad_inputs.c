@@ -571,8 +571,81 @@ static void escape_cases(void) {
     if (strcmp(small, "ab")) fail("k3_escape into 6 bytes: got '%s'", small);
 }
 
+/* floats_first_nonfinite against a value-by-value scan: every dtype, lengths around its block and
+ * quarter sizes, one NaN / Inf / -Inf (or two) planted at every lane of a word, in each quarter,
+ * in the tail; values with all-but-one exponent bits set and subnormals must pass */
+static size_t nonfinite_ref(const unsigned char *b, st_dtype dt, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        if (dt == ST_BF16) {
+            uint16_t v;
+            memcpy(&v, b + 2 * i, 2);
+            if ((v & 0x7f80u) == 0x7f80u) return i;
+        } else {
+            uint32_t v;
+            memcpy(&v, b + 4 * i, 4);
+            if ((v & 0x7f800000u) == 0x7f800000u) return i;
+        }
+    }
+    return n;
+}
+static void nonfinite_scan_cases(void) {
+    enum { MAXN = 1200 };
+    static unsigned char buf[4 * MAXN + 8];
+    static const size_t lens[] = {0, 1, 3, 31, 32, 33, 63, 64, 65, 127, 128, 129, 255, 256, 257, 511, 1000, 1199};
+    static const uint16_t bad16[] = {0x7f80, 0xff80, 0x7fc0, 0x7f81, 0xffff};
+    static const uint32_t bad32[] = {0x7f800000u, 0xff800000u, 0x7fc00000u, 0x7f800001u, 0xffffffffu};
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    for (int d = 0; d < 2; d++) {
+        const st_dtype dt = d ? ST_F32 : ST_BF16;
+        const size_t es = d ? 4 : 2;
+        for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
+            const size_t n = lens[li];
+            for (size_t plant = 0; plant <= n + 1; plant += plant < 80 ? 1 : 7) {
+                for (size_t i = 0; i < n; i++) { /* finite: near-max exponents, subnormals, zeros */
+                    rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+                    const unsigned r = (unsigned)(rng >> 33);
+                    if (d) {
+                        const uint32_t v = (r & 3) == 0 ? 0x7f7fffffu ^ (r & 0x80000000u) : (r & 3) == 1 ? (r & 0x807fffffu) : (r & 0xbfffffffu);
+                        memcpy(buf + 4 * i, &v, 4);
+                    } else {
+                        const uint16_t v = (uint16_t)((r & 3) == 0 ? 0x7f7f ^ (r & 0x8000) : (r & 3) == 1 ? (r & 0x807f) : (r & 0xbfff));
+                        memcpy(buf + 2 * i, &v, 2);
+                    }
+                }
+                if (plant < n) { /* plant == n: none; n + 1: two, the later one first in memory order of quarters */
+                    const unsigned k = (unsigned)(plant % 5);
+                    if (d) memcpy(buf + 4 * plant, &bad32[k], 4);
+                    else memcpy(buf + 2 * plant, &bad16[k], 2);
+                    if (n > 4 && plant + n / 2 < n) { /* a second one further on (another quarter) */
+                        if (d) memcpy(buf + 4 * (plant + n / 2), &bad32[(k + 1) % 5], 4);
+                        else memcpy(buf + 2 * (plant + n / 2), &bad16[(k + 1) % 5], 2);
+                    }
+                }
+                const size_t want = nonfinite_ref(buf, dt, n), got = floats_first_nonfinite(buf, dt, n);
+                checks++;
+                if (got != want) fail("floats_first_nonfinite(%s, n %zu, planted at %zu): %zu, want %zu", d ? "F32" : "BF16", n, plant, got, want);
+            }
+        }
+        (void)es;
+    }
+    /* a value only in the last quarter, and only in the tail beyond the quarters */
+    for (int d = 0; d < 2; d++) {
+        const st_dtype dt = d ? ST_F32 : ST_BF16;
+        const size_t n = 1199, es = d ? 4 : 2;
+        memset(buf, 0, sizeof buf);
+        for (size_t at = n - 80; at < n; at++) {
+            memset(buf, 0, es * n);
+            if (d) memcpy(buf + 4 * at, &bad32[0], 4);
+            else memcpy(buf + 2 * at, &bad16[0], 2);
+            checks++;
+            if (floats_first_nonfinite(buf, dt, n) != at) fail("floats_first_nonfinite: a lone value at %zu of %zu missed", at, n);
+        }
+    }
+}
+
 int main(void) {
     escape_cases();
+    nonfinite_scan_cases();
     const char *root = getenv("K3_BAD_DIR");
     if (!root) root = "tests/bad";
     char path[4096];

@@ -597,7 +597,6 @@ static void nonfinite_scan_cases(void) {
     uint64_t rng = 0x9e3779b97f4a7c15ull;
     for (int d = 0; d < 2; d++) {
         const st_dtype dt = d ? ST_F32 : ST_BF16;
-        const size_t es = d ? 4 : 2;
         for (size_t li = 0; li < sizeof lens / sizeof *lens; li++) {
             const size_t n = lens[li];
             for (size_t plant = 0; plant <= n + 1; plant += plant < 80 ? 1 : 7) {
@@ -612,7 +611,7 @@ static void nonfinite_scan_cases(void) {
                         memcpy(buf + 2 * i, &v, 2);
                     }
                 }
-                if (plant < n) { /* plant == n: none; n + 1: two, the later one first in memory order of quarters */
+                if (plant < n) { /* plant >= n: none planted */
                     const unsigned k = (unsigned)(plant % 5);
                     if (d) memcpy(buf + 4 * plant, &bad32[k], 4);
                     else memcpy(buf + 2 * plant, &bad16[k], 2);
@@ -626,13 +625,11 @@ static void nonfinite_scan_cases(void) {
                 if (got != want) fail("floats_first_nonfinite(%s, n %zu, planted at %zu): %zu, want %zu", d ? "F32" : "BF16", n, plant, got, want);
             }
         }
-        (void)es;
     }
     /* a value only in the last quarter, and only in the tail beyond the quarters */
     for (int d = 0; d < 2; d++) {
         const st_dtype dt = d ? ST_F32 : ST_BF16;
         const size_t n = 1199, es = d ? 4 : 2;
-        memset(buf, 0, sizeof buf);
         for (size_t at = n - 80; at < n; at++) {
             memset(buf, 0, es * n);
             if (d) memcpy(buf + 4 * at, &bad32[0], 4);

@@ -91,32 +91,7 @@ static double read_bandwidth(const uint8_t *buf, size_t n, int reps) {
  * the widest vectors the CPU has (AVX-512: 8 doubles, else AVX2: 4).
  * GFLOP/s (2 flops per lane per FMA), best of reps. 0 if the CPU has no AVX2+FMA. */
 #if defined(__x86_64__)
-#include <immintrin.h>
-__attribute__((target("avx2,fma"))) static double fma_chains(long iters) {
-    __m256d a[12], m = _mm256_set1_pd(0.999999), c = _mm256_set1_pd(1e-7);
-    for (int j = 0; j < 12; j++) a[j] = _mm256_set1_pd(1.0 + j);
-    for (long i = 0; i < iters; i++) {
-#pragma GCC unroll 12
-        for (int j = 0; j < 12; j++) a[j] = _mm256_fmadd_pd(a[j], m, c);
-    }
-    __m256d s = a[0];
-    for (int j = 1; j < 12; j++) s = _mm256_add_pd(s, a[j]);
-    double l[4];
-    _mm256_storeu_pd(l, s);
-    return l[0] + l[1] + l[2] + l[3];
-}
-/* the same with 512-bit registers (8 lanes per FMA), for CPUs with AVX-512F */
-__attribute__((target("avx512f"))) static double fma_chains512(long iters) {
-    __m512d a[12], m = _mm512_set1_pd(0.999999), c = _mm512_set1_pd(1e-7);
-    for (int j = 0; j < 12; j++) a[j] = _mm512_set1_pd(1.0 + j);
-    for (long i = 0; i < iters; i++) {
-#pragma GCC unroll 12
-        for (int j = 0; j < 12; j++) a[j] = _mm512_fmadd_pd(a[j], m, c);
-    }
-    __m512d s = a[0];
-    for (int j = 1; j < 12; j++) s = _mm512_add_pd(s, a[j]);
-    return _mm512_reduce_add_pd(s);
-}
+#include "bench/fma_chains.h"
 /* The peak of the widest FMA the CPU has: 4-wide AVX2, or 8-wide AVX-512 when present. */
 static double fma_peak(int reps) {
     __builtin_cpu_init();

@@ -2,7 +2,7 @@
  * (common/kernels_gemm_avx512.c: 24 FMA chains, 4 weight + 6 activation loads of 64 bytes
  * per 8-column step) can come to the double FMA peak on this CPU, by where its loads point
  * (sixteenth session, Intel Xeon VM; outside the build):
- *   cc -O2 -std=gnu11 -mavx512f -mfma bench/gemm_parts/loop_limits.c -o /tmp/loop_limits
+ *   cc -O2 -std=gnu11 -I. -mavx512f -mfma bench/gemm_parts/loop_limits.c -o /tmp/loop_limits
  *   flock /work/bench.lock /tmp/loop_limits
  * Prints, for one thread, GFLOP/s and the ratio to the peak measured in the same run (12
  * independent FMA chains in registers, as bench_kernels --ceilings-at):
@@ -21,6 +21,8 @@
 #include <stdio.h>
 #include <time.h>
 
+#include "bench/fma_chains.h"
+
 #define KCX 256 /* doubles per row or token run, as the kernel's KC */
 #define STEPS (KCX / 8)
 static double buf[16 * KCX] __attribute__((aligned(64)));
@@ -32,17 +34,6 @@ static double now_s(void) {
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
 }
 
-static double peak_chains(long iters) {
-    __m512d a[12], m = _mm512_set1_pd(0.999999), c = _mm512_set1_pd(1e-7);
-    for (int j = 0; j < 12; j++) a[j] = _mm512_set1_pd(1.0 + j);
-    for (long i = 0; i < iters; i++) {
-#pragma GCC unroll 12
-        for (int j = 0; j < 12; j++) a[j] = _mm512_fmadd_pd(a[j], m, c);
-    }
-    __m512d s = a[0];
-    for (int j = 1; j < 12; j++) s = _mm512_add_pd(s, a[j]);
-    return _mm512_reduce_add_pd(s);
-}
 
 /* 4 x 6 chains; weights row r at buf + r * WS, activations token t at buf + 8 * KCX + t * XS
  * (XB: x's base; step c CS doubles further on); ACC: the chains go through accbuf every STEPS steps */
@@ -88,7 +79,7 @@ int main(void) {
     const long piters = 20000000, reps = 1000000;
     for (int r = 0; r < 3; r++) {
         const double t0 = now_s();
-        sink += peak_chains(piters);
+        sink += fma_chains512(piters);
         const double g = (double)piters * 12 * 8 * 2 / (now_s() - t0) / 1e9;
         if (g > peak) peak = g;
     }

@@ -21,7 +21,9 @@
 #              trunk's reads, the expert backend and, with --preload-experts, which the
 #              resident runs use when the binary has it, every expert's read) and
 #              prefill_s (the prompt's forwards: no reads then),
-#              the trunk's load rate against the slower of the device and first touch.
+#              the trunk's load rate against the slower of the device and first touch (the
+#              device alone when the trunk came in faster than first touch: pages this VM
+#              had touched before, an earlier run's).
 # The whole measurement holds $BENCH_LOCK (one process may hold the model in memory;
 # taken once, so that no other run lands between the ceilings and the engine runs).
 # Environment: MODEL (default models-big/rw6, else /work/models-big/rw6), K3 (bin/k3),
@@ -333,6 +335,10 @@ for who in ["new"] + (["base"] if base_k3 else []):
             ftc = c0.get(("first_touch_gbs", nt), 0)
             lim = min(x for x in (fio_gbs, ftc, float("inf")) if x > 0)
             lim_what = "first touch" if ftc and ftc < fio_gbs else "device" if ftc else "device; first touch not measured"
+            if ftc and lr > ftc and fio_gbs > 0:
+                # faster than first touch: the engine got pages this VM had touched before (an earlier
+                # run's, freed), so only the device bound it
+                lim, lim_what = fio_gbs, "device: the engine's pages were not fresh, faster than first touch"
             ew = j["memory"].get("expert_read_wait_s")
             npl = j["memory"].get("experts_preloaded", 0)
             if npl:

@@ -602,7 +602,7 @@ static void nonfinite_scan_cases(void) {
             for (size_t plant = 0; plant <= n + 1; plant += plant < 80 ? 1 : 7) {
                 for (size_t i = 0; i < n; i++) { /* finite: near-max exponents, subnormals, zeros */
                     rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-                    const unsigned r = (unsigned)(rng >> 33);
+                    const unsigned r = (unsigned)(rng >> 32);
                     if (d) {
                         const uint32_t v = (r & 3) == 0 ? 0x7f7fffffu ^ (r & 0x80000000u) : (r & 3) == 1 ? (r & 0x807fffffu) : (r & 0xbfffffffu);
                         memcpy(buf + 4 * i, &v, 4);

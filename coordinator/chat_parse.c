@@ -58,7 +58,9 @@ void chat_parser_init(chat_parser *p, const tokenizer *tok, chat_template t, int
     utf8_stream_init(&p->us_content, 1);
 }
 
-/* Attribute value `key` from tag text (unescaped), malloc'd, or NULL. */
+/* Attribute value `key` from tag text (unescaped, then made well-formed UTF-8 like every other
+ * text: the tag's bytes are the model's, and an ill-formed name or key would not survive the
+ * server's JSON), malloc'd, or NULL. */
 static char *attr(const char *t, const char *key) {
     size_t kl = strlen(key);
     for (const char *q = t; (q = strstr(q, key)); q++) {
@@ -75,8 +77,9 @@ static char *attr(const char *t, const char *key) {
             else if (!strncmp(c, "&amp;", 5)) o[m++] = '&', c += 5;
             else o[m++] = *c++;
         }
-        o[m] = 0;
-        return o;
+        char *w = clean_utf8(o, m);
+        free(o);
+        return w;
     }
     return NULL;
 }
@@ -107,7 +110,7 @@ static void end_arg(chat_parser *p) {
 
 static void end_call(chat_parser *p) {
     if (!p->in_call) return;
-    if (p->chan == CH_ARG) end_arg(p);
+    if (p->chan == CH_ARG || p->arg_key || p->arg_type) end_arg(p);
     if (p->call_name && (p->drop_calls || (p->only_name && strcmp(p->call_name, p->only_name)))) {
         free(p->call_name);
         p->call_name = NULL;
@@ -151,7 +154,7 @@ static void on_tag(chat_parser *p, int opening) {
             p->call_args = json_object();
             p->chan = CH_TOOLS;
         } else if (tag_is(t, "argument") && p->in_call) {
-            if (p->chan == CH_ARG) end_arg(p);
+            if (p->chan == CH_ARG || p->arg_key || p->arg_type) end_arg(p); /* also one left open by a tag */
             p->arg_key = attr(t, "key");
             p->arg_type = attr(t, "type");
             p->arg_val.n = 0;

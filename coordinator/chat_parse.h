@@ -6,9 +6,9 @@
  *   text up to <|sep|>; marker text typed inside content (plain BPE) can never open or close an
  *   element. With thinking on, output starts in the think channel (the prompt opened it); without,
  *   in response. `think` text -> reasoning; `response` text -> content; `tools` holds `call`
- *   elements (tool="NAME", attributes unescaped &quot; then &amp;) with `argument` children
- *   (type string: raw text; other types JSON-decoded, the raw text if that fails) or a `json`
- *   child (arguments = its text verbatim). Arguments of a call are serialised as Python's
+ *   elements (tool="NAME", attributes unescaped &quot; then &amp;, ill-formed bytes -> U+FFFD)
+ *   with `argument` children (type string: raw text; other types JSON-decoded, the raw text if
+ *   that fails) or a `json` child (arguments = its text verbatim). Arguments of a call are serialised as Python's
  *   json.dumps (", " / ": ", emission order). A call without a tool name is dropped. Text outside
  *   every channel goes to content; after </message> everything is ignored.
  * - K2 (or any other template): every token's bytes are content.

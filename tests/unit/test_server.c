@@ -236,6 +236,73 @@ static void test_marker_text_is_content(void) {
     chat_parser_free(&p);
 }
 
+/* ids of the model's output: <|open|> / <|close|> / <|sep|> as control ids, the rest plain BPE */
+static void feed_markup(chat_parser *p, const char *const *parts, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        int id = tokenizer_special_id(tok, parts[i]);
+        if (id >= 0) {
+            chat_parser_feed(p, id);
+            continue;
+        }
+        /* well-formed runs encoded, each ill-formed byte as its byte token (the encoder takes UTF-8 only) */
+        const char *t = parts[i];
+        size_t len = strlen(t);
+        while (len > 0) {
+            size_t good = utf8_valid_prefix(t, len);
+            int32_t *ids = NULL;
+            size_t m = 0;
+            if (good) tokenizer_encode(tok, t, good, 0, &ids, &m, NULL);
+            for (size_t k = 0; k < m; k++) chat_parser_feed(p, ids[k]);
+            free(ids);
+            t += good, len -= good;
+            if (len == 0) break;
+            for (size_t v = 0; v < tokenizer_vocab_size(tok); v++) {
+                const char *b;
+                size_t bn;
+                if (!tokenizer_token_bytes(tok, (int32_t)v, &b, &bn) && bn == 1 && b[0] == t[0]) {
+                    chat_parser_feed(p, (int32_t)v);
+                    break;
+                }
+            }
+            t++, len--;
+        }
+    }
+}
+
+static void test_attribute_bytes_well_formed(void) {
+    /* a tool name and an argument key with ill-formed UTF-8 (the model can emit any byte tokens):
+     * U+FFFD like every other text, so the server's JSON keeps the call and the argument */
+    static const char *const parts[] = {"<|open|>", "tools", "<|sep|>", "<|open|>", "call tool=\"get\xffw\"", "<|sep|>",
+                                        "<|open|>", "argument key=\"c\xe2\x82\" type=\"string\"", "<|sep|>", "Paris",
+                                        "<|close|>", "argument", "<|sep|>", "<|close|>", "call", "<|sep|>",
+                                        "<|close|>", "tools", "<|sep|>"};
+    chat_parser p;
+    chat_parser_init(&p, tok, CHAT_TEMPLATE_K3, 0);
+    feed_markup(&p, parts, sizeof parts / sizeof parts[0]);
+    chat_parser_finish(&p);
+    CHECK(p.n_calls == 1, "one call, got %zu", p.n_calls);
+    if (p.n_calls == 1) {
+        CHECK(!strcmp(p.calls[0].name, "get\xef\xbf\xbdw"), "name with U+FFFD, got '%s'", p.calls[0].name);
+        CHECK(!strcmp(p.calls[0].arguments, "{\"c\xef\xbf\xbd\": \"Paris\"}"), "key with U+FFFD, got '%s'",
+              p.calls[0].arguments);
+    }
+    chat_parser_free(&p);
+
+    /* an argument left open by a json child, then another argument, then a call left open by the
+     * end: each argument's key freed once (make asan: no leak), the json child's text the arguments */
+    static const char *const open_args[] = {"<|open|>", "tools", "<|sep|>", "<|open|>", "call tool=\"f\"", "<|sep|>",
+                                            "<|open|>", "argument key=\"a\"", "<|sep|>", "1", "<|open|>", "json",
+                                            "<|sep|>", "{}", "<|open|>", "argument key=\"b\" type=\"number\"",
+                                            "<|sep|>", "2", "<|open|>", "call tool=\"g\"", "<|sep|>", "<|open|>",
+                                            "argument key=\"c\"", "<|sep|>", "3"};
+    chat_parser_init(&p, tok, CHAT_TEMPLATE_K3, 0);
+    feed_markup(&p, open_args, sizeof open_args / sizeof open_args[0]);
+    chat_parser_finish(&p);
+    CHECK(p.n_calls == 2 && !strcmp(p.calls[0].arguments, "{}") && !strcmp(p.calls[1].arguments, "{\"c\": \"3\"}"),
+          "open arguments: %zu calls, '%s'", p.n_calls, p.n_calls ? p.calls[0].arguments : "");
+    chat_parser_free(&p);
+}
+
 static void refused(int chat, const char *body, const char *param) {
     api_context c = {tok, CHAT_TEMPLATE_K3, tokenizer_vocab_size(tok), 512, 16, 1};
     api_request r;
@@ -508,6 +575,7 @@ int main(void) {
     test_spec_rendering();
     test_tool_order_and_system_messages();
     test_marker_text_is_content();
+    test_attribute_bytes_well_formed();
     test_api_refusals();
     test_tool_choice();
     test_scheduler_forced();

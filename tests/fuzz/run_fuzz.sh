@@ -6,14 +6,14 @@
 # ignored tests/fuzz/corpus-work/<target>/, crash/leak/timeout reproducers to
 # tests/fuzz/corpus-work/crashes/. Exit status is non-zero if any target failed.
 #   FUZZ_SECONDS=N     seconds per target (default 60)
-#   FUZZ_TARGETS="a b" targets to run (default: safetensors config state openai chat_parse wire ring)
+#   FUZZ_TARGETS="a b" targets to run (default: safetensors config state openai chat_parse tokenizer wire ring)
 #   FUZZ_JOBS=N        parallel libFuzzer workers per target (default 1)
 #   CLANG=path         compiler (default clang-14, else clang)
 #   Replay one input:  build/fuzz/fuzz_config FILE
 set -u
 cd "$(dirname "$0")/../.."
 SECONDS_PER="${FUZZ_SECONDS:-60}"
-TARGETS="${FUZZ_TARGETS:-safetensors config state openai chat_parse wire ring}"
+TARGETS="${FUZZ_TARGETS:-safetensors config state openai chat_parse tokenizer wire ring}"
 JOBS="${FUZZ_JOBS:-1}"
 CLANG="${CLANG:-$(command -v clang-14 || command -v clang)}"
 OUT=build/fuzz
@@ -35,6 +35,7 @@ sources_for() {
                       coordinator/unicode_classes.c coordinator/sampler.c common/error.c common/file_read.c ;;
     chat_parse)  echo coordinator/chat_parse.c coordinator/xtml.c coordinator/chat.c coordinator/tokenizer.c \
                       coordinator/unicode_classes.c coordinator/sampler.c common/error.c common/file_read.c ;;
+    tokenizer)   echo coordinator/tokenizer.c coordinator/unicode_classes.c common/error.c common/file_read.c ;;
     wire)        echo common/wire.c common/error.c ;;
     ring)        echo common/ring.c common/wire.c common/error.c ;;
     *) echo "run_fuzz.sh: unknown target '$1'" >&2; return 1 ;;

@@ -23,6 +23,17 @@
 
 static char dir[256];
 
+/* the private directory goes at exit (libFuzzer ends with exit()) */
+static void remove_dir(void) {
+    static const char *const files[] = {"tiktoken.model", "tokenizer_config.json"};
+    char path[320];
+    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
 static void write_file(const char *name, const uint8_t *p, size_t n) {
     char path[320];
     snprintf(path, sizeof path, "%s/%s", dir, name);
@@ -65,6 +76,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         const char *tmp = getenv("TMPDIR");
         snprintf(dir, sizeof dir, "%s/fuzz_tokenizer.XXXXXX", tmp && *tmp ? tmp : "/tmp");
         if (!mkdtemp(dir)) abort();
+        atexit(remove_dir);
     }
     const uint8_t *p = data, *model, *config;
     size_t left = size;

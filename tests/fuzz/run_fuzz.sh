@@ -6,14 +6,14 @@
 # ignored tests/fuzz/corpus-work/<target>/, crash/leak/timeout reproducers to
 # tests/fuzz/corpus-work/crashes/. Exit status is non-zero if any target failed.
 #   FUZZ_SECONDS=N     seconds per target (default 60)
-#   FUZZ_TARGETS="a b" targets to run (default: safetensors config state openai chat_parse tokenizer wire ring)
+#   FUZZ_TARGETS="a b" targets to run (default: safetensors checkpoint config state openai chat_parse tokenizer wire ring)
 #   FUZZ_JOBS=N        parallel libFuzzer workers per target (default 1)
 #   CLANG=path         compiler (default clang-14, else clang)
 #   Replay one input:  build/fuzz/fuzz_config FILE
 set -u
 cd "$(dirname "$0")/../.."
 SECONDS_PER="${FUZZ_SECONDS:-60}"
-TARGETS="${FUZZ_TARGETS:-safetensors config state openai chat_parse tokenizer wire ring}"
+TARGETS="${FUZZ_TARGETS:-safetensors checkpoint config state openai chat_parse tokenizer wire ring}"
 JOBS="${FUZZ_JOBS:-1}"
 CLANG="${CLANG:-$(command -v clang-14 || command -v clang)}"
 OUT=build/fuzz
@@ -28,6 +28,7 @@ CFLAGS=(-std=gnu11 -g -O1 -I. -fno-omit-frame-pointer -ffp-contract=off
 sources_for() {
   case "$1" in
     safetensors) echo common/safetensors.c common/error.c ;;
+    checkpoint)  echo common/checkpoint.c common/safetensors.c common/direct_read.c common/file_read.c common/error.c ;;
     config)      echo common/config.c common/error.c ;;
     state)       echo coordinator/state_file.c coordinator/state.c coordinator/sampler.c common/hash64.c \
                       common/config.c common/error.c common/file_read.c ;;

@@ -21,7 +21,10 @@ int gen_seq_init(gen_seq *g, const k3_config *c, const sampler_config *sc, const
     g->vocab = (size_t)c->vocab_size;
     g->cap = cap_ids;
     if (sampler_init(&g->smp, sc, err)) return -1;
-    if (seq_state_init(&g->st, c, err)) { sampler_free(&g->smp); return -1; }
+    if (sampler_reserve(&g->smp, g->vocab, err) || seq_state_init(&g->st, c, err)) {
+        sampler_free(&g->smp);
+        return -1;
+    }
     g->ids = malloc((cap_ids ? cap_ids : 1) * sizeof *g->ids);
     g->row = malloc(g->vocab * sizeof *g->row);
     g->stop_ids = malloc((n_stop_ids ? n_stop_ids : 1) * sizeof *g->stop_ids);

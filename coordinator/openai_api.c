@@ -96,6 +96,36 @@ static int parse_stop(ectx *e, const json_t *o, api_request *r) {
     return 0;
 }
 
+/* logit_bias: {"<token id>": bias in [-100, 100], ...} (OpenAI's form: ids as decimal strings) */
+static int parse_logit_bias(const api_context *c, ectx *e, const json_t *o, api_request *r) {
+    const json_t *v = json_object_get(o, "logit_bias");
+    if (!v || json_is_null(v)) return 0;
+    if (!json_is_object(v)) return refuse(e, "logit_bias", "logit_bias must be an object of token ids to numbers");
+    if (json_object_size(v) > K3_MAX_LOGIT_BIAS)
+        return refuse(e, "logit_bias", "logit_bias: at most %d tokens, got %zu", K3_MAX_LOGIT_BIAS, json_object_size(v));
+    const char *key;
+    json_t *val;
+    json_object_foreach((json_t *)v, key, val) {
+        char p[48];
+        snprintf(p, sizeof p, "logit_bias.%.32s", key);
+        long long id = -1;
+        size_t kl = strlen(key);
+        if (kl == 0 || kl > 10 || strspn(key, "0123456789") != kl)
+            return refuse(e, p, "logit_bias: key \"%.32s\" is not a token id", key);
+        id = strtoll(key, NULL, 10);
+        if ((size_t)id >= c->vocab)
+            return refuse(e, p, "logit_bias: token id %lld is outside the vocabulary [0, %zu)", id, c->vocab);
+        if (!json_is_number(val)) return refuse(e, p, "%s must be a number", p);
+        const double b = json_number_value(val);
+        if (!(b >= -100 && b <= 100)) return refuse(e, p, "%s must be in [-100, 100], got %g", p, b);
+        for (size_t i = 0; i < r->sampling.n_bias; i++)
+            if (r->sampling.bias[i].id == (int32_t)id)
+                return refuse(e, p, "logit_bias: token id %lld is given twice", id);
+        r->sampling.bias[r->sampling.n_bias++] = (sampler_bias){(int32_t)id, b};
+    }
+    return 0;
+}
+
 static int parse_common(const api_context *c, ectx *e, const json_t *o, api_request *r, int chat) {
     int rc;
     const json_t *v;
@@ -124,6 +154,13 @@ static int parse_common(const api_context *c, ectx *e, const json_t *o, api_requ
     r->sampling.top_k = k < 0 ? 0 : (int)k; /* -1 = off, as vLLM */
     if ((rc = get_int(e, o, "seed", INT64_MIN, INT64_MAX, &seed, NULL))) return rc;
     r->sampling.seed = (uint64_t)seed;
+    d = 0;
+    if ((rc = get_num(e, o, "presence_penalty", -2, 2, &d))) return rc;
+    r->sampling.presence_penalty = d;
+    d = 0;
+    if ((rc = get_num(e, o, "frequency_penalty", -2, 2, &d))) return rc;
+    r->sampling.frequency_penalty = d;
+    if ((rc = parse_logit_bias(c, e, o, r))) return rc;
     k3_error se = {0};
     if (sampler_config_check(&r->sampling, &se)) return refuse(e, "temperature", "%s", se.msg);
     if ((rc = get_bool(e, o, "stream", &r->stream))) return rc;

@@ -94,6 +94,34 @@ int sampler_config_check(const sampler_config *c, k3_error *err) {
         k3_refuse(err, "min-p must be in [0, 1] (0 = off), got %g", c->min_p);
         return -1;
     }
+    if (!(c->presence_penalty >= -2.0 && c->presence_penalty <= 2.0)) {
+        k3_refuse(err, "presence_penalty must be in [-2, 2] (0 = off), got %g", c->presence_penalty);
+        return -1;
+    }
+    if (!(c->frequency_penalty >= -2.0 && c->frequency_penalty <= 2.0)) {
+        k3_refuse(err, "frequency_penalty must be in [-2, 2] (0 = off), got %g", c->frequency_penalty);
+        return -1;
+    }
+    if (c->n_bias > K3_MAX_LOGIT_BIAS) {
+        k3_refuse(err, "logit_bias: %zu entries, at most %d", c->n_bias, K3_MAX_LOGIT_BIAS);
+        return -1;
+    }
+    for (size_t i = 0; i < c->n_bias; i++) {
+        if (c->bias[i].id < 0) {
+            k3_refuse(err, "logit_bias: token id %d is negative", c->bias[i].id);
+            return -1;
+        }
+        if (!(c->bias[i].value >= -100.0 && c->bias[i].value <= 100.0)) {
+            k3_refuse(err, "logit_bias: the bias of token %d must be in [-100, 100], got %g", c->bias[i].id,
+                      c->bias[i].value);
+            return -1;
+        }
+        for (size_t j = 0; j < i; j++)
+            if (c->bias[j].id == c->bias[i].id) {
+                k3_refuse(err, "logit_bias: token id %d is given twice", c->bias[i].id);
+                return -1;
+            }
+    }
     return 0;
 }
 
@@ -149,22 +177,34 @@ bad_seed:
 
 void sampler_describe(const sampler_config *c, char *buf, size_t len) {
     if (c->temperature == 0.0) {
-        snprintf(buf, len, "greedy (arg-max)");
+        if (sampler_adjusts(c))
+            snprintf(buf, len, "greedy (arg-max), presence %g, frequency %g, %zu logit biases", c->presence_penalty,
+                     c->frequency_penalty, c->n_bias);
+        else snprintf(buf, len, "greedy (arg-max)");
         return;
     }
     char k[32];
     if (c->top_k > 0) snprintf(k, sizeof k, "%d", c->top_k);
     else snprintf(k, sizeof k, "off");
-    snprintf(buf, len, "temperature %g, top-k %s, top-p %g, min-p %g, seed %llu", c->temperature, k, c->top_p,
-             c->min_p, (unsigned long long)c->seed);
+    int w = snprintf(buf, len, "temperature %g, top-k %s, top-p %g, min-p %g, seed %llu", c->temperature, k, c->top_p,
+                     c->min_p, (unsigned long long)c->seed);
+    if (sampler_adjusts(c) && w >= 0 && (size_t)w < len)
+        snprintf(buf + w, len - (size_t)w, ", presence %g, frequency %g, %zu logit biases", c->presence_penalty,
+                 c->frequency_penalty, c->n_bias);
 }
 
 /* ---- the sampler ---- */
+
+static int bias_cmp(const void *a, const void *b) {
+    const int32_t x = ((const sampler_bias *)a)->id, y = ((const sampler_bias *)b)->id;
+    return (x > y) - (x < y);
+}
 
 int sampler_init(sampler *s, const sampler_config *c, k3_error *err) {
     memset(s, 0, sizeof *s);
     if (sampler_config_check(c, err)) return -1;
     s->cfg = *c;
+    qsort(s->cfg.bias, s->cfg.n_bias, sizeof s->cfg.bias[0], bias_cmp); /* by id, for the lookup */
     k3_rng_seed(&s->rng, c->seed);
     return 0;
 }
@@ -174,12 +214,82 @@ void sampler_free(sampler *s) {
     free(s->tmp);
     free(s->key);
     free(s->key2);
+    free(s->adj);
+    free(s->count);
+    free(s->seen);
     s->cand = s->tmp = NULL;
     s->key = s->key2 = NULL;
-    s->cap = s->n_kept = 0;
+    s->adj = NULL;
+    s->count = NULL;
+    s->seen = NULL;
+    s->cap = s->n_kept = s->n_adj = s->n_seen = 0;
 }
 
-void sampler_reset(sampler *s) { k3_rng_seed(&s->rng, s->cfg.seed); }
+static void clear_counts(sampler *s) {
+    for (size_t i = 0; i < s->n_seen; i++) s->count[s->seen[i]] = 0;
+    s->n_seen = 0;
+}
+
+void sampler_reset(sampler *s) {
+    k3_rng_seed(&s->rng, s->cfg.seed);
+    clear_counts(s);
+}
+
+int sampler_adjusts(const sampler_config *c) {
+    return c->n_bias > 0 || c->presence_penalty != 0.0 || c->frequency_penalty != 0.0;
+}
+
+int sampler_reserve(sampler *s, size_t n, k3_error *err) {
+    if (!sampler_adjusts(&s->cfg)) return 0;
+    for (size_t i = 0; i < s->cfg.n_bias; i++)
+        if ((size_t)s->cfg.bias[i].id >= n)
+            return k3_refuse(err, "logit_bias: token id %d is outside the vocabulary [0, %zu)", s->cfg.bias[i].id, n);
+    if (s->n_adj >= n) return 0;
+    float *a = malloc(n * sizeof *a);
+    uint32_t *c = calloc(n, sizeof *c);
+    int32_t *sn = malloc(n * sizeof *sn);
+    if (!a || !c || !sn) {
+        free(a);
+        free(c);
+        free(sn);
+        return k3_nomem(err, "out of memory in the sampler for the adjustments of %zu logits", n);
+    }
+    for (size_t i = 0; i < s->n_seen; i++) c[s->seen[i]] = s->count[s->seen[i]], sn[i] = s->seen[i];
+    free(s->adj);
+    free(s->count);
+    free(s->seen);
+    s->adj = a;
+    s->count = c;
+    s->seen = sn;
+    s->n_adj = n;
+    return 0;
+}
+
+void sampler_observe(sampler *s, int32_t id) {
+    if (!s->count || id < 0 || (size_t)id >= s->n_adj) return;
+    if (s->count[id]++ == 0) s->seen[s->n_seen++] = id;
+}
+
+/* The adjusted row (the contract's adj) in s->adj, from logits[0 .. n) (sampler_reserve(n) made). */
+static const float *adjusted(sampler *s, const float *logits, size_t n) {
+    float *a = s->adj;
+    memcpy(a, logits, n * sizeof *a);
+    for (size_t i = 0; i < s->cfg.n_bias; i++) {
+        const int32_t id = s->cfg.bias[i].id;
+        a[id] = (float)((double)logits[id] + s->cfg.bias[i].value);
+    }
+    const double fp = s->cfg.frequency_penalty, pp = s->cfg.presence_penalty;
+    if (fp != 0.0 || pp != 0.0)
+        for (size_t j = 0; j < s->n_seen; j++) {
+            const int32_t id = s->seen[j];
+            double x = (double)logits[id];
+            const sampler_bias key = {id, 0.0},
+                               *b = bsearch(&key, s->cfg.bias, s->cfg.n_bias, sizeof key, bias_cmp);
+            if (b) x += b->value;
+            a[id] = (float)((x - (double)s->count[id] * fp) - pp);
+        }
+    return a;
+}
 
 int sampler_is_greedy(const sampler *s) { return s->cfg.temperature == 0.0; }
 
@@ -311,7 +421,7 @@ int sampler_filter(sampler *s, const float *logits, size_t n, k3_error *err) {
     return 0;
 }
 
-int32_t sampler_pick(sampler *s, const float *logits, size_t n, k3_error *err) {
+static int32_t pick_from(sampler *s, const float *logits, size_t n, k3_error *err) {
     if (sampler_filter(s, logits, n, err)) return -1;
     if (sampler_is_greedy(s)) return s->cand[0].id;
     double r = k3_rng_uniform(&s->rng) * s->wsum, run = 0.0;
@@ -320,4 +430,15 @@ int32_t sampler_pick(sampler *s, const float *logits, size_t n, k3_error *err) {
         if (run > r) return s->cand[j].id;
     }
     return s->cand[s->n_kept - 1].id;
+}
+
+int32_t sampler_pick(sampler *s, const float *logits, size_t n, k3_error *err) {
+    if (!sampler_adjusts(&s->cfg)) return pick_from(s, logits, n, err);
+    if (n == 0 || n > (size_t)INT32_MAX) return k3_refuse(err, "sampler: %zu logits (want 1 .. 2^31-1)", n);
+    if (sampler_reserve(s, n, err)) return -1;
+    if (n != s->n_adj) /* counts are per id of one vocabulary */
+        return k3_refuse(err, "sampler: a row of %zu logits after rows of %zu (the adjustments count ids)", n, s->n_adj);
+    const int32_t id = pick_from(s, adjusted(s, logits, n), n, err);
+    if (id >= 0) sampler_observe(s, id);
+    return id;
 }

@@ -29,9 +29,21 @@
  *   polynomial in Horner form, times 2^k; x < -708 gives 0. Relative error below 1e-15.
  * - RNG (k3_rng): xoshiro256** (Blackman & Vigna, 2018) whose four state words are the first four
  *   outputs of SplitMix64 started at the seed; k3_rng_uniform = (next >> 11) * 2^-53, in [0, 1).
- * - sampler_reset re-seeds the RNG (a fresh conversation repeats its first reply).
+ * - Adjustments (the OpenAI request fields logit_bias, presence_penalty, frequency_penalty; the
+ *   command line has none): before step 0 (and before the greedy arg-max) the row is replaced by
+ *   adj_i = (float)((((double)logits[i] + bias_i) - c_i * frequency) - (c_i > 0 ? presence : 0)),
+ *   where bias_i is the configured bias of id i (0 if none) and c_i the number of times id i was
+ *   emitted since sampler_init / sampler_reset: every id sampler_pick returned and every id given
+ *   to sampler_observe (the server's forced tool-call ids). Without adjustments nothing changes
+ *   (no copy, no counts). The counts are kept sparse (a list of the ids seen); the pick reads
+ *   adj only, so the contract above holds for adj bit for bit.
+ * - sampler_reset re-seeds the RNG and clears the counts (a fresh conversation repeats its first
+ *   reply).
  * - Settings are checked by sampler_init: temperature finite in [0, 100], top_k >= 0, top_p in
- *   (0, 1], min_p in [0, 1]; anything else is refused with a message naming the setting.
+ *   (0, 1], min_p in [0, 1], presence / frequency penalty in [-2, 2], at most K3_MAX_LOGIT_BIAS
+ *   biases, each on a distinct id >= 0 with a value in [-100, 100] (an id past the row's n is
+ *   refused by sampler_reserve / sampler_pick); anything else is refused with a message naming
+ *   the setting.
  * - Errors (common/error.h): sampler_pick returns the id, or -1 with err filled (K3_EFAIL for a
  *   non-finite logit, K3_ENOMEM, K3_EINPUT for n == 0); the others 0 or -1. err may be NULL. */
 #ifndef K3_SAMPLER_H
@@ -42,12 +54,22 @@
 #include <stdint.h>
 
 
+#define K3_MAX_LOGIT_BIAS 1024
+
+typedef struct {
+    int32_t id;
+    double value; /* [-100, 100], added to the logit */
+} sampler_bias;
+
 typedef struct {
     double temperature; /* 0 = greedy (default) */
     double top_p;       /* (0, 1]; 1 = off (default) */
     double min_p;       /* [0, 1]; 0 = off (default) */
     int top_k;          /* >= 0; 0 = off (default) */
     uint64_t seed;      /* default 0 */
+    double presence_penalty, frequency_penalty; /* [-2, 2]; 0 = off (default) */
+    size_t n_bias;                              /* 0 = none (default) */
+    sampler_bias bias[K3_MAX_LOGIT_BIAS];
 } sampler_config;
 
 typedef struct {
@@ -72,6 +94,12 @@ typedef struct {
     /* internal scratch of the sort */
     sampler_cand *tmp;
     uint64_t *key, *key2;
+    /* the adjustments' row and counts (sampler_reserve; only with adjustments): adj[0 .. n_adj),
+     * count[id] for every id, seen[0 .. n_seen) the ids with a count > 0 */
+    float *adj;
+    uint32_t *count;
+    int32_t *seen;
+    size_t n_adj, n_seen;
 } sampler;
 
 /* Defaults: greedy, top_k 0, top_p 1, min_p 0, seed 0. */
@@ -91,6 +119,16 @@ void sampler_reset(sampler *s);
 int sampler_is_greedy(const sampler *s);
 
 int32_t sampler_pick(sampler *s, const float *logits, size_t n, k3_error *err);
+
+/* Whether the settings adjust the row (a bias or a non-zero penalty). */
+int sampler_adjusts(const sampler_config *c);
+/* Room for rows of n logits (the vocabulary): with adjustments, the row copy and the counts,
+ * allocated once here rather than in the first pick; an id of a bias >= n is refused naming it.
+ * 0, or -1 (K3_EINPUT, K3_ENOMEM). Without adjustments nothing. */
+int sampler_reserve(sampler *s, size_t n, k3_error *err);
+/* Counts id as emitted (an id not picked by this sampler, e.g. a forced one). Ids outside the
+ * reserved row are ignored (and the pick refuses such a row anyway). */
+void sampler_observe(sampler *s, int32_t id);
 
 /* Steps 0-5 only (no draw, the RNG untouched): fills s->cand / s->n_kept / s->wsum.
  * Greedy: the arg-max alone with weight 1. 0 or -1 (as sampler_pick). */

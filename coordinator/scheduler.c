@@ -187,7 +187,7 @@ static void snap_keep(scheduler *s, slot *sl) {
 /* The request's sampler and stop ids into the slot's gen_seq. */
 static int slot_configure(slot *sl, const gen_request *r, k3_error *e) {
     sampler_free(&sl->g.smp);
-    if (sampler_init(&sl->g.smp, &r->sampling, e)) return -1;
+    if (sampler_init(&sl->g.smp, &r->sampling, e) || sampler_reserve(&sl->g.smp, sl->g.vocab, e)) return -1;
     if (r->n_stops > sl->g.n_stop_ids) {
         int32_t *st = realloc(sl->g.stop_ids, r->n_stops * sizeof *st);
         if (!st) return k3_fail(e, "out of memory for %zu stop ids", r->n_stops);
@@ -205,8 +205,10 @@ static int force_ids(scheduler *s, slot *sl, k3_error *e) {
     size_t n = r->max_tokens - r->n_out < r->n_force ? r->max_tokens - r->n_out : r->n_force;
     sl->forced = 1;
     if (gen_seq_push(&sl->g, r->force, n, e)) return -1;
-    for (size_t i = 0; i < n; i++)
+    for (size_t i = 0; i < n; i++) {
         if (push_token(s, r, NULL, r->force[i])) return k3_fail(e, "out of memory for the output");
+        sampler_observe(&sl->g.smp, r->force[i]); /* in the reply: the penalties count it */
+    }
     return 0;
 }
 

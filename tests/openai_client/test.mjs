@@ -1,5 +1,6 @@
 // The official openai npm client against bin/k3 --serve (run by tests/t_80_server.sh with
-// K3_URL and K3_KEY): a streamed chat completion, a tool-call round trip, an error.
+// K3_URL and K3_KEY): a streamed chat completion, a tool-call round trip, an error, logit_bias
+// and penalties.
 import OpenAI from 'openai';
 import assert from 'node:assert/strict';
 
@@ -64,6 +65,28 @@ try {
 } catch (e) {
   assert.ok(e instanceof OpenAI.AuthenticationError, 'AuthenticationError, got ' + e);
 }
+// 4. logit_bias and penalties pass through the client: +100 on the first id of "hello" (from k3's
+// /tokenize; its text from /detokenize) makes every token that one; an id past the vocabulary is
+// a 400 naming it
+const k3post = async (path, body) => (await fetch(process.env.K3_URL + path, { method: 'POST',
+  headers: { 'Content-Type': 'application/json', Authorization: 'Bearer ' + process.env.K3_KEY },
+  body: JSON.stringify(body) })).json();
+const id = (await k3post('/tokenize', { prompt: 'hello' })).tokens[0];
+const piece = (await k3post('/detokenize', { tokens: [id] })).prompt;
+const biased = await client.chat.completions.create({
+  model: 'k3', messages: [{ role: 'user', content: 'Say anything' }], max_tokens: 4, reasoning_effort: 'none',
+  logit_bias: { [String(id)]: 100 }, presence_penalty: 1.5, frequency_penalty: 0.5,
+});
+assert.equal(biased.choices[0].message.content, piece.repeat(4), 'logit_bias: ' + biased.choices[0].message.content);
+try {
+  await client.chat.completions.create({ model: 'k3', messages: [{ role: 'user', content: 'x' }],
+    logit_bias: { '999999999': 5 } });
+  assert.fail('a bias past the vocabulary was accepted');
+} catch (e) {
+  assert.ok(e instanceof OpenAI.BadRequestError, 'BadRequestError, got ' + e);
+  assert.equal(e.param, 'logit_bias.999999999');
+}
+console.log(`openai: logit_bias +100 on id ${id}: "${biased.choices[0].message.content}"`);
 const models = await client.models.list();
 assert.equal(models.data[0].id, 'k3');
 console.log('openai: all passed');

@@ -379,6 +379,107 @@ static void test_golden_draws(void) {
     }
 }
 
+/* logit_bias, presence_penalty, frequency_penalty (sampler.h "Adjustments") */
+static void test_adjustments(void) {
+    enum { N = 6 };
+    const float row[N] = {1.0f, 3.0f, 2.5f, 0.5f, -1.0f, 2.9f};
+    sampler_config c;
+    k3_error err = {0};
+    sampler s;
+    /* bias: +100 makes a low id the arg-max, -100 removes the top one; a greedy pick with biases
+     * equals argmax_logits of the adjusted row, and the input row is not written */
+    sampler_config_default(&c);
+    c.n_bias = 2;
+    c.bias[0] = (sampler_bias){4, 100.0};
+    c.bias[1] = (sampler_bias){1, -100.0};
+    CHECK(sampler_init(&s, &c, ERRP) == 0 && sampler_reserve(&s, N, ERRP) == 0, "%s", err.msg);
+    CHECK(sampler_pick(&s, row, N, ERRP) == 4, "bias +100 on id 4");
+    sampler_free(&s);
+    c.bias[0] = (sampler_bias){4, 0.0};
+    CHECK(sampler_init(&s, &c, ERRP) == 0, "%s", err.msg);
+    CHECK(sampler_pick(&s, row, N, ERRP) == 5, "bias -100 on the top id: the runner-up 5");
+    CHECK(row[1] == 3.0f && row[4] == -1.0f, "the caller's row is not written");
+    sampler_free(&s);
+    /* frequency: each emission lowers its id by 0.3 (1 at 3.0 first, then 5 at 2.9 beats 1 at 2.7) */
+    sampler_config_default(&c);
+    c.frequency_penalty = 0.3;
+    CHECK(sampler_init(&s, &c, ERRP) == 0, "%s", err.msg);
+    int32_t want[6], got[6];
+    for (int t = 0; t < 6; t++) got[t] = sampler_pick(&s, row, N, NULL);
+    /* the reference: the contract's formula, one pick at a time */
+    double cnt[N] = {0};
+    for (int t = 0; t < 6; t++) {
+        int32_t best = -1;
+        float bv = 0;
+        for (int i = 0; i < N; i++) {
+            float a = (float)((double)row[i] - cnt[i] * 0.3 - 0.0);
+            if (best < 0 || a > bv) best = i, bv = a;
+        }
+        want[t] = best;
+        cnt[best] += 1;
+    }
+    for (int t = 0; t < 6; t++) CHECK(got[t] == want[t], "frequency pick %d: %d, the formula gives %d", t, got[t], want[t]);
+    CHECK(got[0] == 1 && got[1] == 5, "frequency: the top id, then the runner-up (%d %d)", got[0], got[1]);
+    /* reset clears the counts: the same picks again */
+    sampler_reset(&s);
+    for (int t = 0; t < 6; t++) CHECK(sampler_pick(&s, row, N, NULL) == want[t], "after reset, pick %d", t);
+    sampler_free(&s);
+    /* presence: once only; an observed (forced) id counts as emitted */
+    sampler_config_default(&c);
+    c.presence_penalty = 2.0;
+    CHECK(sampler_init(&s, &c, ERRP) == 0 && sampler_reserve(&s, N, ERRP) == 0, "%s", err.msg);
+    sampler_observe(&s, 1);
+    sampler_observe(&s, 1);
+    CHECK(sampler_pick(&s, row, N, NULL) == 5, "presence: observed id 1 at 1.0, 5 wins");
+    CHECK(sampler_pick(&s, row, N, NULL) == 2, "presence: 5 at 0.9, 2 wins");
+    CHECK(sampler_pick(&s, row, N, NULL) == 0, "presence: 2 at 0.5, 1 at 1.0 ties 0 at 1.0: lowest id 0");
+    sampler_free(&s);
+    /* negative penalties favour repeats; sampling with adjustments draws from the adjusted row:
+     * with a +100 bias every draw is that id */
+    sampler_config_default(&c);
+    c.temperature = 1.0;
+    c.seed = 7;
+    c.n_bias = 1;
+    c.bias[0] = (sampler_bias){3, 100.0};
+    CHECK(sampler_init(&s, &c, ERRP) == 0, "%s", err.msg);
+    int all3 = 1;
+    for (int t = 0; t < 50; t++) all3 &= sampler_pick(&s, row, N, NULL) == 3;
+    CHECK(all3, "a +100 bias is drawn every time");
+    sampler_free(&s);
+    /* refusals */
+    static const struct {
+        double pres, freq;
+        int32_t id;
+        double value;
+        int twice;
+        const char *word;
+    } bad[] = {{2.5, 0, 0, 0, 0, "presence_penalty"}, {0, -2.1, 0, 0, 0, "frequency_penalty"},
+               {NAN, 0, 0, 0, 0, "presence_penalty"}, {0, 0, -1, 1, 0, "negative"},
+               {0, 0, 2, 100.5, 0, "[-100, 100]"},     {0, 0, 2, NAN, 0, "[-100, 100]"},
+               {0, 0, 2, 1, 1, "twice"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        sampler_config_default(&c);
+        c.presence_penalty = bad[i].pres;
+        c.frequency_penalty = bad[i].freq;
+        if (bad[i].id || bad[i].value != 0) {
+            c.bias[c.n_bias++] = (sampler_bias){bad[i].id, bad[i].value};
+            if (bad[i].twice) c.bias[c.n_bias++] = (sampler_bias){bad[i].id, 2.0};
+        }
+        err = (k3_error){0};
+        CHECK(sampler_init(&s, &c, ERRP) == -1 && strstr(err.msg, bad[i].word), "bad adjustment %zu: '%s'", i,
+              err.msg);
+    }
+    sampler_config_default(&c);
+    c.n_bias = 1;
+    c.bias[0] = (sampler_bias){N, 1.0};
+    err = (k3_error){0};
+    CHECK(sampler_init(&s, &c, ERRP) == 0 && sampler_reserve(&s, N, ERRP) == -1 && strstr(err.msg, "vocabulary"),
+          "a bias past the row: '%s'", err.msg);
+    err = (k3_error){0};
+    CHECK(sampler_pick(&s, row, N, ERRP) == -1 && strstr(err.msg, "vocabulary"), "picked past the row: '%s'", err.msg);
+    sampler_free(&s);
+}
+
 static void test_settings(void) {
     static const struct {
         double T, p, q;
@@ -1047,6 +1148,7 @@ int main(int argc, char **argv) {
     test_order();
     test_golden_draws();
     test_settings();
+    test_adjustments();
     tokenizer *t = load_tok(model_dir);
     test_k3_template(t);
     tokenizer_free(t);

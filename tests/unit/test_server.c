@@ -361,6 +361,46 @@ static char *chat_body(const char *extra) {
     return s;
 }
 
+/* presence_penalty, frequency_penalty, logit_bias: parsed into the sampler settings, refused naming
+ * the field */
+static void test_penalty_fields(void) {
+    const char *m = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],";
+    char b[512];
+    static const struct {
+        const char *extra, *param;
+    } bad[] = {{"\"presence_penalty\":2.5}", "presence_penalty"},
+               {"\"frequency_penalty\":\"1\"}", "frequency_penalty"},
+               {"\"logit_bias\":[1]}", "logit_bias"},
+               {"\"logit_bias\":{\"x\":1}}", "logit_bias.x"},
+               {"\"logit_bias\":{\"-3\":1}}", "logit_bias.-3"},
+               {"\"logit_bias\":{\"99999999\":1}}", "logit_bias.99999999"},
+               {"\"logit_bias\":{\"5\":101}}", "logit_bias.5"},
+               {"\"logit_bias\":{\"5\":true}}", "logit_bias.5"},
+               {"\"logit_bias\":{\"5\":1,\"005\":2}}", "logit_bias.005"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        snprintf(b, sizeof b, "%s%s", m, bad[i].extra);
+        refused(1, b, bad[i].param);
+    }
+    api_request r;
+    snprintf(b, sizeof b, "%s\"presence_penalty\":0.5,\"frequency_penalty\":-1.25,\"logit_bias\":{\"7\":-100,\"12\":3.5}}", m);
+    if (parse_ok(b, &r) == 0) {
+        CHECK(r.sampling.presence_penalty == 0.5 && r.sampling.frequency_penalty == -1.25 && r.sampling.n_bias == 2,
+              "penalties %g %g, %zu biases", r.sampling.presence_penalty, r.sampling.frequency_penalty, r.sampling.n_bias);
+        int seen7 = 0, seen12 = 0;
+        for (size_t i = 0; i < r.sampling.n_bias; i++) {
+            seen7 |= r.sampling.bias[i].id == 7 && r.sampling.bias[i].value == -100;
+            seen12 |= r.sampling.bias[i].id == 12 && r.sampling.bias[i].value == 3.5;
+        }
+        CHECK(seen7 && seen12, "the two biases");
+        api_request_free(&r);
+    } else CHECK(0, "penalties and biases refused");
+    snprintf(b, sizeof b, "%s\"presence_penalty\":null,\"logit_bias\":null}", m);
+    if (parse_ok(b, &r) == 0) {
+        CHECK(r.sampling.presence_penalty == 0 && r.sampling.n_bias == 0, "null fields are the defaults");
+        api_request_free(&r);
+    } else CHECK(0, "null penalty fields refused");
+}
+
 static void test_tool_choice(void) {
     const char *undeclared = "{\"messages\":[{\"role\":\"user\",\"content\":\"a\"}],\"tools\":[{\"type\":\"function\","
                              "\"function\":{\"name\":\"f\"}}],\"tool_choice\":{\"type\":\"function\",\"function\":{"
@@ -565,6 +605,51 @@ static void test_scheduler_forced(void) {
     test_engine_close(&te);
 }
 
+/* logit_bias and penalties through the scheduler on m13: a +100 bias takes every pick; penalties
+ * change the reply; with n-gram speculation (sched_config.draft_max) the ids are those without it,
+ * and speculation accepted proposals (negative penalties make the reply repeat) */
+static void test_scheduler_adjusted(void) {
+    test_engine te;
+    test_engine_open(&te, "tests/models/m13", 64, 4096);
+    k3_error err = {0};
+    int32_t P[12];
+    for (int i = 0; i < 12; i++) P[i] = 300 + 7 * i;
+    gen_request *out[2][3] = {{0}};
+    for (int spec = 0; spec < 2; spec++) {
+        sched_config sc = {.parallel = 3, .max_queue = 8, .chunk = 16, .max_context = 1024, .draft_max = spec ? 4 : 0};
+        scheduler *s = sched_create(&te.en, &sc, &err);
+        CHECK(s != NULL, "sched_create: %s", err.msg);
+        if (!s) break;
+        gen_request *biased = req(P, 12, 8), *plain = req(P, 12, 24), *rep = req(P, 12, 24);
+        biased->sampling.n_bias = 1;
+        biased->sampling.bias[0] = (sampler_bias){77, 100.0};
+        rep->sampling.frequency_penalty = -2.0;
+        rep->sampling.presence_penalty = -2.0;
+        gen_request *all[3] = {biased, plain, rep};
+        for (int i = 0; i < 3; i++) CHECK(sched_submit(s, all[i]) == SCHED_OK, "submit %d", i);
+        for (int i = 0; i < 3; i++) wait_done(all[i]);
+        int all77 = biased->n_out == 8;
+        for (size_t i = 0; i < biased->n_out; i++) all77 &= biased->out[i] == 77;
+        CHECK(all77, "a +100 bias on id 77: every id 77 (%zu ids, first %d)", biased->n_out, biased->out[0]);
+        CHECK(rep->n_out == 24 && plain->n_out == 24 && memcmp(rep->out, plain->out, 24 * sizeof *rep->out),
+              "negative penalties change the reply");
+        sched_stats st;
+        sched_get_stats(s, &st);
+        if (spec) CHECK(st.spec_accepted > 0, "speculation accepted %llu proposals", (unsigned long long)st.spec_accepted);
+        sched_destroy(s);
+        for (int i = 0; i < 3; i++) out[spec][i] = all[i];
+    }
+    for (int i = 0; i < 3; i++) {
+        if (out[0][i] && out[1][i])
+            CHECK(out[0][i]->n_out == out[1][i]->n_out &&
+                      !memcmp(out[0][i]->out, out[1][i]->out, out[0][i]->n_out * sizeof *out[0][i]->out),
+                  "request %d: the same ids with speculation", i);
+        for (int k = 0; k < 2; k++)
+            if (out[k][i]) gen_request_release(out[k][i]);
+    }
+    test_engine_close(&te);
+}
+
 int main(void) {
     k3_error err = {0};
     tok = tokenizer_load("tests/models/m13", &err);
@@ -576,9 +661,11 @@ int main(void) {
     test_tool_order_and_system_messages();
     test_marker_text_is_content();
     test_attribute_bytes_well_formed();
+    test_penalty_fields();
     test_api_refusals();
     test_tool_choice();
     test_scheduler_forced();
+    test_scheduler_adjusted();
     tokenizer_free(tok);
     return check_report("test_server");
 }

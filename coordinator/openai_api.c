@@ -160,6 +160,10 @@ static int parse_common(const api_context *c, ectx *e, const json_t *o, api_requ
     d = 0;
     if ((rc = get_num(e, o, "frequency_penalty", -2, 2, &d))) return rc;
     r->sampling.frequency_penalty = d;
+    d = 1;
+    if ((rc = get_num(e, o, "repetition_penalty", 0, 10, &d))) return rc;
+    if (d <= 0) return refuse(e, "repetition_penalty", "repetition_penalty must be in (0, 10] (1 = off), got %g", d);
+    r->sampling.repetition_penalty = d == 1 ? 0 : d; /* 1 changes nothing: off */
     if ((rc = parse_logit_bias(c, e, o, r))) return rc;
     k3_error se = {0};
     if (sampler_config_check(&r->sampling, &se)) return refuse(e, "temperature", "%s", se.msg);

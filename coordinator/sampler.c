@@ -102,6 +102,10 @@ int sampler_config_check(const sampler_config *c, k3_error *err) {
         k3_refuse(err, "frequency_penalty must be in [-2, 2] (0 = off), got %g", c->frequency_penalty);
         return -1;
     }
+    if (!(c->repetition_penalty == 0.0 || (c->repetition_penalty > 0.0 && c->repetition_penalty <= 10.0))) {
+        k3_refuse(err, "repetition_penalty must be in (0, 10] (1 = no change), got %g", c->repetition_penalty);
+        return -1;
+    }
     if (c->n_bias > K3_MAX_LOGIT_BIAS) {
         k3_refuse(err, "logit_bias: %zu entries, at most %d", c->n_bias, K3_MAX_LOGIT_BIAS);
         return -1;
@@ -189,8 +193,8 @@ void sampler_describe(const sampler_config *c, char *buf, size_t len) {
     int w = snprintf(buf, len, "temperature %g, top-k %s, top-p %g, min-p %g, seed %llu", c->temperature, k, c->top_p,
                      c->min_p, (unsigned long long)c->seed);
     if (sampler_adjusts(c) && w >= 0 && (size_t)w < len)
-        snprintf(buf + w, len - (size_t)w, ", presence %g, frequency %g, %zu logit biases", c->presence_penalty,
-                 c->frequency_penalty, c->n_bias);
+        snprintf(buf + w, len - (size_t)w, ", presence %g, frequency %g, repetition %g, %zu logit biases",
+                 c->presence_penalty, c->frequency_penalty, c->repetition_penalty, c->n_bias);
 }
 
 /* ---- the sampler ---- */
@@ -217,18 +221,25 @@ void sampler_free(sampler *s) {
     free(s->adj);
     free(s->count);
     free(s->seen);
+    free(s->in_prompt);
+    free(s->pseen);
     s->cand = s->tmp = NULL;
     s->key = s->key2 = NULL;
     s->adj = NULL;
     s->count = NULL;
-    s->seen = NULL;
-    s->cap = s->n_kept = s->n_adj = s->n_seen = 0;
+    s->seen = s->pseen = NULL;
+    s->in_prompt = NULL;
+    s->cap = s->n_kept = s->n_adj = s->n_seen = s->n_pseen = 0;
 }
 
 static void clear_counts(sampler *s) {
     for (size_t i = 0; i < s->n_seen; i++) s->count[s->seen[i]] = 0;
     s->n_seen = 0;
+    for (size_t i = 0; i < s->n_pseen; i++) s->in_prompt[s->pseen[i]] = 0;
+    s->n_pseen = 0;
 }
+
+static int repeats(const sampler_config *c) { return c->repetition_penalty != 0.0 && c->repetition_penalty != 1.0; }
 
 void sampler_reset(sampler *s) {
     k3_rng_seed(&s->rng, s->cfg.seed);
@@ -236,7 +247,7 @@ void sampler_reset(sampler *s) {
 }
 
 int sampler_adjusts(const sampler_config *c) {
-    return c->n_bias > 0 || c->presence_penalty != 0.0 || c->frequency_penalty != 0.0;
+    return c->n_bias > 0 || c->presence_penalty != 0.0 || c->frequency_penalty != 0.0 || repeats(c);
 }
 
 int sampler_reserve(sampler *s, size_t n, k3_error *err) {
@@ -247,22 +258,39 @@ int sampler_reserve(sampler *s, size_t n, k3_error *err) {
     if (s->n_adj >= n) return 0;
     float *a = malloc(n * sizeof *a);
     uint32_t *c = calloc(n, sizeof *c);
-    int32_t *sn = malloc(n * sizeof *sn);
-    if (!a || !c || !sn) {
+    int32_t *sn = malloc(n * sizeof *sn), *ps = repeats(&s->cfg) ? malloc(n * sizeof *ps) : NULL;
+    uint8_t *ip = repeats(&s->cfg) ? calloc(n, 1) : NULL;
+    if (!a || !c || !sn || (repeats(&s->cfg) && (!ps || !ip))) {
         free(a);
         free(c);
         free(sn);
+        free(ps);
+        free(ip);
         return k3_nomem(err, "out of memory in the sampler for the adjustments of %zu logits", n);
     }
     for (size_t i = 0; i < s->n_seen; i++) c[s->seen[i]] = s->count[s->seen[i]], sn[i] = s->seen[i];
+    for (size_t i = 0; i < s->n_pseen; i++) ip[s->pseen[i]] = 1, ps[i] = s->pseen[i];
     free(s->adj);
     free(s->count);
     free(s->seen);
+    free(s->in_prompt);
+    free(s->pseen);
     s->adj = a;
     s->count = c;
     s->seen = sn;
+    s->in_prompt = ip;
+    s->pseen = ps;
     s->n_adj = n;
     return 0;
+}
+
+void sampler_observe_prompt(sampler *s, const int32_t *ids, size_t n) {
+    if (!s->in_prompt) return;
+    for (size_t i = 0; i < n; i++)
+        if (ids[i] >= 0 && (size_t)ids[i] < s->n_adj && !s->in_prompt[ids[i]]) {
+            s->in_prompt[ids[i]] = 1;
+            s->pseen[s->n_pseen++] = ids[i];
+        }
 }
 
 void sampler_observe(sampler *s, int32_t id) {
@@ -270,24 +298,26 @@ void sampler_observe(sampler *s, int32_t id) {
     if (s->count[id]++ == 0) s->seen[s->n_seen++] = id;
 }
 
-/* The adjusted row (the contract's adj) in s->adj, from logits[0 .. n) (sampler_reserve(n) made). */
+/* adj of one id (the contract's formula) */
+static float adjusted_one(const sampler *s, const float *logits, int32_t id) {
+    double x = (double)logits[id];
+    const sampler_bias key = {id, 0.0}, *b = bsearch(&key, s->cfg.bias, s->cfg.n_bias, sizeof key, bias_cmp);
+    if (b) x += b->value;
+    const uint32_t c = s->count[id];
+    if (repeats(&s->cfg) && (c > 0 || s->in_prompt[id]))
+        x = x > 0 ? x / s->cfg.repetition_penalty : x * s->cfg.repetition_penalty;
+    return (float)((x - (double)c * s->cfg.frequency_penalty) - (c > 0 ? s->cfg.presence_penalty : 0.0));
+}
+
+/* The adjusted row (the contract's adj) in s->adj, from logits[0 .. n) (sampler_reserve(n) made):
+ * the row, then every id with a bias, a count or a prompt mark recomputed (an id in two of those
+ * lists gets the same value twice) */
 static const float *adjusted(sampler *s, const float *logits, size_t n) {
     float *a = s->adj;
     memcpy(a, logits, n * sizeof *a);
-    for (size_t i = 0; i < s->cfg.n_bias; i++) {
-        const int32_t id = s->cfg.bias[i].id;
-        a[id] = (float)((double)logits[id] + s->cfg.bias[i].value);
-    }
-    const double fp = s->cfg.frequency_penalty, pp = s->cfg.presence_penalty;
-    if (fp != 0.0 || pp != 0.0)
-        for (size_t j = 0; j < s->n_seen; j++) {
-            const int32_t id = s->seen[j];
-            double x = (double)logits[id];
-            const sampler_bias key = {id, 0.0},
-                               *b = bsearch(&key, s->cfg.bias, s->cfg.n_bias, sizeof key, bias_cmp);
-            if (b) x += b->value;
-            a[id] = (float)((x - (double)s->count[id] * fp) - pp);
-        }
+    for (size_t i = 0; i < s->cfg.n_bias; i++) a[s->cfg.bias[i].id] = adjusted_one(s, logits, s->cfg.bias[i].id);
+    for (size_t j = 0; j < s->n_seen; j++) a[s->seen[j]] = adjusted_one(s, logits, s->seen[j]);
+    for (size_t j = 0; j < s->n_pseen; j++) a[s->pseen[j]] = adjusted_one(s, logits, s->pseen[j]);
     return a;
 }
 

@@ -29,18 +29,22 @@
  *   polynomial in Horner form, times 2^k; x < -708 gives 0. Relative error below 1e-15.
  * - RNG (k3_rng): xoshiro256** (Blackman & Vigna, 2018) whose four state words are the first four
  *   outputs of SplitMix64 started at the seed; k3_rng_uniform = (next >> 11) * 2^-53, in [0, 1).
- * - Adjustments (the OpenAI request fields logit_bias, presence_penalty, frequency_penalty; the
- *   command line has none): before step 0 (and before the greedy arg-max) the row is replaced by
- *   adj_i = (float)((((double)logits[i] + bias_i) - c_i * frequency) - (c_i > 0 ? presence : 0)),
- *   where bias_i is the configured bias of id i (0 if none) and c_i the number of times id i was
- *   emitted since sampler_init / sampler_reset: every id sampler_pick returned and every id given
- *   to sampler_observe (the server's forced tool-call ids). Without adjustments nothing changes
- *   (no copy, no counts). The counts are kept sparse (a list of the ids seen); the pick reads
- *   adj only, so the contract above holds for adj bit for bit.
+ * - Adjustments (the OpenAI request fields logit_bias, presence_penalty, frequency_penalty and
+ *   vLLM's repetition_penalty; the command line has none): before step 0 (and before the greedy
+ *   arg-max) the row is replaced by
+ *     adj_i = (float)((R_i((double)logits[i] + bias_i) - c_i * frequency) - (c_i > 0 ? presence : 0))
+ *   where bias_i is the configured bias of id i (0 if none), c_i the number of times id i was
+ *   emitted since sampler_init / sampler_reset (every id sampler_pick returned and every id given
+ *   to sampler_observe: the server's forced tool-call ids), and R_i(v) = v / r when v > 0, v * r
+ *   otherwise, with r = repetition_penalty, for an id in the prompt (sampler_observe_prompt) or
+ *   with c_i > 0; R_i(v) = v for the others and when r is 0 (off, the default). Without
+ *   adjustments nothing changes (no copy, no counts). The counts are kept sparse (lists of the
+ *   ids seen); the pick reads adj only, so the contract above holds for adj bit for bit.
  * - sampler_reset re-seeds the RNG and clears the counts (a fresh conversation repeats its first
  *   reply).
  * - Settings are checked by sampler_init: temperature finite in [0, 100], top_k >= 0, top_p in
- *   (0, 1], min_p in [0, 1], presence / frequency penalty in [-2, 2], at most K3_MAX_LOGIT_BIAS
+ *   (0, 1], min_p in [0, 1], presence / frequency penalty in [-2, 2], repetition penalty 0 (off)
+ *   or in (0, 10], at most K3_MAX_LOGIT_BIAS
  *   biases, each on a distinct id >= 0 with a value in [-100, 100] (an id past the row's n is
  *   refused by sampler_reserve / sampler_pick); anything else is refused with a message naming
  *   the setting.
@@ -68,6 +72,7 @@ typedef struct {
     int top_k;          /* >= 0; 0 = off (default) */
     uint64_t seed;      /* default 0 */
     double presence_penalty, frequency_penalty; /* [-2, 2]; 0 = off (default) */
+    double repetition_penalty;                  /* 0 = off (default), else (0, 10]; 1 changes nothing */
     size_t n_bias;                              /* 0 = none (default) */
     sampler_bias bias[K3_MAX_LOGIT_BIAS];
 } sampler_config;
@@ -100,6 +105,10 @@ typedef struct {
     uint32_t *count;
     int32_t *seen;
     size_t n_adj, n_seen;
+    /* the prompt's distinct ids (repetition_penalty only): in_prompt[id], pseen[0 .. n_pseen) */
+    uint8_t *in_prompt;
+    int32_t *pseen;
+    size_t n_pseen;
 } sampler;
 
 /* Defaults: greedy, top_k 0, top_p 1, min_p 0, seed 0. */
@@ -129,6 +138,8 @@ int sampler_reserve(sampler *s, size_t n, k3_error *err);
 /* Counts id as emitted (an id not picked by this sampler, e.g. a forced one). Ids outside the
  * reserved row are ignored (and the pick refuses such a row anyway). */
 void sampler_observe(sampler *s, int32_t id);
+/* Marks the prompt's ids for repetition_penalty (nothing without one; after sampler_reserve). */
+void sampler_observe_prompt(sampler *s, const int32_t *ids, size_t n);
 
 /* Steps 0-5 only (no draw, the RNG untouched): fills s->cand / s->n_kept / s->wsum.
  * Greedy: the arg-max alone with weight 1. 0 or -1 (as sampler_pick). */

@@ -280,6 +280,7 @@ static void admit(scheduler *s) {
                 }
             }
         }
+        sampler_observe_prompt(&sl->g.smp, r->prompt, r->n_prompt); /* repetition_penalty's ids (after any reset) */
         sl->admitted = ++s->n_admitted;
         sl->prompt_end = sl->g.n;
         sl->prompt_kept = 0;

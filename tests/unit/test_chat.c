@@ -446,6 +446,24 @@ static void test_adjustments(void) {
     for (int t = 0; t < 50; t++) all3 &= sampler_pick(&s, row, N, NULL) == 3;
     CHECK(all3, "a +100 bias is drawn every time");
     sampler_free(&s);
+    /* repetition (vLLM's): ids of the prompt or the reply divided (positive) / multiplied (negative) */
+    {
+        const float r2[N] = {4.0f, 3.0f, -1.0f, 2.5f, -0.5f, 1.0f};
+        sampler_config_default(&c);
+        c.repetition_penalty = 2.0;
+        CHECK(sampler_init(&s, &c, ERRP) == 0 && sampler_reserve(&s, N, ERRP) == 0, "%s", err.msg);
+        const int32_t prompt[] = {0, 0, 4};
+        sampler_observe_prompt(&s, prompt, 3);
+        CHECK(sampler_pick(&s, r2, N, NULL) == 1, "prompt id 0 at 2.0: 1 (3.0) wins");
+        CHECK(sampler_pick(&s, r2, N, NULL) == 3, "1 at 1.5 now: 3 (2.5) wins");
+        CHECK(sampler_pick(&s, r2, N, NULL) == 0, "0 2.0, 1 1.5, 3 1.25: 0");
+        float a[N];
+        memcpy(a, s.adj, sizeof a);
+        CHECK(a[4] == -1.0f && a[2] == -1.0f && a[5] == 1.0f, "negative prompt id times r (-1), others as they are");
+        sampler_reset(&s);
+        CHECK(sampler_pick(&s, r2, N, NULL) == 0, "after a reset neither the prompt nor the reply counts");
+        sampler_free(&s);
+    }
     /* refusals */
     static const struct {
         double pres, freq;
@@ -468,6 +486,14 @@ static void test_adjustments(void) {
         err = (k3_error){0};
         CHECK(sampler_init(&s, &c, ERRP) == -1 && strstr(err.msg, bad[i].word), "bad adjustment %zu: '%s'", i,
               err.msg);
+    }
+    static const double bad_rep[] = {-1.0, 10.5, NAN};
+    for (size_t i = 0; i < 3; i++) {
+        sampler_config_default(&c);
+        c.repetition_penalty = bad_rep[i];
+        err = (k3_error){0};
+        CHECK(sampler_init(&s, &c, ERRP) == -1 && strstr(err.msg, "repetition_penalty"), "repetition %g: '%s'",
+              bad_rep[i], err.msg);
     }
     sampler_config_default(&c);
     c.n_bias = 1;

@@ -376,7 +376,9 @@ static void test_penalty_fields(void) {
                {"\"logit_bias\":{\"99999999\":1}}", "logit_bias.99999999"},
                {"\"logit_bias\":{\"5\":101}}", "logit_bias.5"},
                {"\"logit_bias\":{\"5\":true}}", "logit_bias.5"},
-               {"\"logit_bias\":{\"5\":1,\"005\":2}}", "logit_bias.005"}};
+               {"\"logit_bias\":{\"5\":1,\"005\":2}}", "logit_bias.005"},
+               {"\"repetition_penalty\":0}", "repetition_penalty"},
+               {"\"repetition_penalty\":11}", "repetition_penalty"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(b, sizeof b, "%s%s", m, bad[i].extra);
         refused(1, b, bad[i].param);
@@ -394,6 +396,16 @@ static void test_penalty_fields(void) {
         CHECK(seen7 && seen12, "the two biases");
         api_request_free(&r);
     } else CHECK(0, "penalties and biases refused");
+    snprintf(b, sizeof b, "%s\"repetition_penalty\":1.25}", m);
+    if (parse_ok(b, &r) == 0) {
+        CHECK(r.sampling.repetition_penalty == 1.25, "repetition_penalty %g", r.sampling.repetition_penalty);
+        api_request_free(&r);
+    } else CHECK(0, "repetition_penalty 1.25 refused");
+    snprintf(b, sizeof b, "%s\"repetition_penalty\":1}", m);
+    if (parse_ok(b, &r) == 0) {
+        CHECK(r.sampling.repetition_penalty == 0, "repetition_penalty 1 is off");
+        api_request_free(&r);
+    } else CHECK(0, "repetition_penalty 1 refused");
     snprintf(b, sizeof b, "%s\"presence_penalty\":null,\"logit_bias\":null}", m);
     if (parse_ok(b, &r) == 0) {
         CHECK(r.sampling.presence_penalty == 0 && r.sampling.n_bias == 0, "null fields are the defaults");
@@ -614,20 +626,22 @@ static void test_scheduler_adjusted(void) {
     k3_error err = {0};
     int32_t P[12];
     for (int i = 0; i < 12; i++) P[i] = 300 + 7 * i;
-    gen_request *out[2][3] = {{0}};
+    gen_request *out[2][4] = {{0}};
     for (int spec = 0; spec < 2; spec++) {
         sched_config sc = {.parallel = 3, .max_queue = 8, .chunk = 16, .max_context = 1024, .draft_max = spec ? 4 : 0};
         scheduler *s = sched_create(&te.en, &sc, &err);
         CHECK(s != NULL, "sched_create: %s", err.msg);
         if (!s) break;
-        gen_request *biased = req(P, 12, 8), *plain = req(P, 12, 24), *rep = req(P, 12, 24);
+        gen_request *biased = req(P, 12, 8), *plain = req(P, 12, 24), *rep = req(P, 12, 24), *rp = req(P, 12, 24);
         biased->sampling.n_bias = 1;
         biased->sampling.bias[0] = (sampler_bias){77, 100.0};
         rep->sampling.frequency_penalty = -2.0;
         rep->sampling.presence_penalty = -2.0;
-        gen_request *all[3] = {biased, plain, rep};
-        for (int i = 0; i < 3; i++) CHECK(sched_submit(s, all[i]) == SCHED_OK, "submit %d", i);
-        for (int i = 0; i < 3; i++) wait_done(all[i]);
+        rp->sampling.repetition_penalty = 0.2; /* < 1: the prompt's and the reply's ids favoured */
+        gen_request *all[4] = {biased, plain, rep, rp};
+        for (int i = 0; i < 4; i++) CHECK(sched_submit(s, all[i]) == SCHED_OK, "submit %d", i);
+        for (int i = 0; i < 4; i++) wait_done(all[i]);
+        CHECK(rp->n_out == 24 && memcmp(rp->out, plain->out, 24 * sizeof *rp->out), "repetition_penalty changes the reply");
         int all77 = biased->n_out == 8;
         for (size_t i = 0; i < biased->n_out; i++) all77 &= biased->out[i] == 77;
         CHECK(all77, "a +100 bias on id 77: every id 77 (%zu ids, first %d)", biased->n_out, biased->out[0]);
@@ -637,9 +651,9 @@ static void test_scheduler_adjusted(void) {
         sched_get_stats(s, &st);
         if (spec) CHECK(st.spec_accepted > 0, "speculation accepted %llu proposals", (unsigned long long)st.spec_accepted);
         sched_destroy(s);
-        for (int i = 0; i < 3; i++) out[spec][i] = all[i];
+        for (int i = 0; i < 4; i++) out[spec][i] = all[i];
     }
-    for (int i = 0; i < 3; i++) {
+    for (int i = 0; i < 4; i++) {
         if (out[0][i] && out[1][i])
             CHECK(out[0][i]->n_out == out[1][i]->n_out &&
                       !memcmp(out[0][i]->out, out[1][i]->out, out[0][i]->n_out * sizeof *out[0][i]->out),

@@ -19,27 +19,8 @@
 #include <string.h>
 #include <unistd.h>
 
-static char dir[256];
+#include "tests/fuzz/fuzz_dir.h"
 
-/* the private directory goes at exit (libFuzzer ends with exit()) */
-static void remove_dir(void) {
-    static const char *const files[] = {"model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors", "notes.txt", "model.safetensors.index.json"};
-    char path[320];
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-        unlink(path);
-    }
-    rmdir(dir);
-}
-
-static void write_file(const char *name, const void *p, size_t n) {
-    char path[320];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f) abort();
-    if (n && fwrite(p, 1, n, f) != n) abort();
-    if (fclose(f)) abort();
-}
 
 /* a safetensors file: 8-byte little-endian header length, the JSON header, the data */
 static void write_shard(const char *name, const char *header, size_t data_bytes) {
@@ -49,7 +30,7 @@ static void write_shard(const char *name, const char *header, size_t data_bytes)
     for (int i = 0; i < 8; i++) buf[i] = (unsigned char)((uint64_t)hl >> (8 * i));
     memcpy(buf + 8, header, hl);
     memset(buf + 8 + hl, 0, data_bytes);
-    write_file(name, buf, 8 + hl + data_bytes);
+    fuzz_dir_write(name, buf, 8 + hl + data_bytes);
 }
 
 static int keep_a(const char *name, void *ctx) {
@@ -58,23 +39,21 @@ static int keep_a(const char *name, void *ctx) {
 }
 
 static void init(void) {
-    const char *tmp = getenv("TMPDIR");
-    snprintf(dir, sizeof dir, "%s/fuzz_checkpoint.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-    if (!mkdtemp(dir)) abort();
-    atexit(remove_dir);
+    fuzz_dir_make("fuzz_checkpoint");
     write_shard("model-00001-of-00002.safetensors",
                 "{\"a.weight\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
                 "\"b.weight\":{\"dtype\":\"BF16\",\"shape\":[3],\"data_offsets\":[8,14]}}",
                 14);
     write_shard("model-00002-of-00002.safetensors",
                 "{\"c.weight\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4);
-    write_file("notes.txt", "not a shard\n", 12);
+    fuzz_dir_write("notes.txt", "not a shard\n", 12);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    if (!dir[0]) init();
+    if (!fuzz_dir[0]) init();
+    const char *dir = fuzz_dir;
     if (size < 1) return 0;
-    write_file("model.safetensors.index.json", data + 1, size - 1);
+    fuzz_dir_write("model.safetensors.index.json", data + 1, size - 1);
     checkpoint ck;
     k3_error err = {0};
     const int rc = (data[0] & 1) ? checkpoint_open_filtered(dir, keep_a, NULL, &ck, &err) : checkpoint_open(dir, &ck, &err);

@@ -21,27 +21,8 @@
 #include <string.h>
 #include <unistd.h>
 
-static char dir[256];
+#include "tests/fuzz/fuzz_dir.h"
 
-/* the private directory goes at exit (libFuzzer ends with exit()) */
-static void remove_dir(void) {
-    static const char *const files[] = {"tiktoken.model", "tokenizer_config.json"};
-    char path[320];
-    for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
-        snprintf(path, sizeof path, "%s/%s", dir, files[i]);
-        unlink(path);
-    }
-    rmdir(dir);
-}
-
-static void write_file(const char *name, const uint8_t *p, size_t n) {
-    char path[320];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f) abort();
-    if (n && fwrite(p, 1, n, f) != n) abort();
-    if (fclose(f)) abort();
-}
 
 static size_t take(const uint8_t **p, size_t *left, const uint8_t **out) {
     size_t n = 0;
@@ -72,19 +53,14 @@ static void check_bytes(const tokenizer *t, const int32_t *ids, size_t m, const 
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
-    if (!dir[0]) {
-        const char *tmp = getenv("TMPDIR");
-        snprintf(dir, sizeof dir, "%s/fuzz_tokenizer.XXXXXX", tmp && *tmp ? tmp : "/tmp");
-        if (!mkdtemp(dir)) abort();
-        atexit(remove_dir);
-    }
+    const char *dir = fuzz_dir_make("fuzz_tokenizer");
     const uint8_t *p = data, *model, *config;
     size_t left = size;
     const size_t nm = take(&p, &left, &model), nc = take(&p, &left, &config);
     const char *text = (const char *)p;
     size_t nt = utf8_valid_prefix(text, left);
-    write_file("tiktoken.model", model, nm);
-    write_file("tokenizer_config.json", config, nc);
+    fuzz_dir_write("tiktoken.model", model, nm);
+    fuzz_dir_write("tokenizer_config.json", config, nc);
 
     k3_error err = {0};
     tokenizer *t = tokenizer_load(dir, &err);

@@ -210,6 +210,9 @@ int chat_session_turn(chat_session *s, const char *text, size_t len, FILE *out, 
         return -1;
     }
     if (push_msg(s, err)) return -1;
+    /* the adjustments count this reply's ids; the repetition penalty's prompt is the conversation */
+    sampler_clear_counts(&s->g.smp);
+    sampler_observe_prompt(&s->g.smp, s->g.ids, s->g.n);
     /* timing: prefill_s from the turn's first forward pass to the first pick, decode_s from there
      * to the last pick (the one that ended the turn) */
     double t0 = k3_now_s();
@@ -409,6 +412,10 @@ int chat_session_save(chat_session *s, const char *path, k3_error *err) {
     }
     if (s->broken) {
         k3_refuse(err, "the conversation state was lost by an earlier failure: nothing to save");
+        return -1;
+    }
+    if (sampler_adjusts(&s->g.smp.cfg)) {
+        k3_refuse(err, "the penalties and logit biases are not kept in state files: nothing saved");
         return -1;
     }
     state_run run = {.kind = STATE_KIND_CHAT, .thinking = s->opt.thinking, .tmpl = (int)s->tmpl,

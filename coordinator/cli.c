@@ -123,6 +123,14 @@ static const cli_flag FLAGS[] = {
     {"top-p", "P", CLI_FN, 0, 0, 0, set_sampling, "1", NULL},
     {"min-p", "M", CLI_FN, 0, 0, 0, set_sampling, "0", NULL},
     {"seed", "S", CLI_FN, 0, 0, 0, set_sampling, "0", NULL},
+    {"presence-penalty", "P", CLI_FN, 0, 0, 0, set_sampling, "0",
+     "the adjustments before the pick (docs/CHAT.md \"Adjustments\"; --ids/--prompt runs and --chat, where each reply "
+     "counts its own ids; not with state files, and requests carry their own in --serve): penalties in [-2, 2] over "
+     "the reply's ids, vLLM's repetition penalty in (0, 10] (1 = off) over the prompt's and the reply's, biases in "
+     "[-100, 100] (repeatable)"},
+    {"frequency-penalty", "F", CLI_FN, 0, 0, 0, set_sampling, "0", NULL},
+    {"repetition-penalty", "R", CLI_FN, 0, 0, 0, set_sampling, "1", NULL},
+    {"logit-bias", "ID=B,...", CLI_FN, 0, 0, 0, set_sampling, NULL, NULL},
     {"stop-id", "N", CLI_FN, 0, 0, 0, add_stop_ids, NULL, "stop after emitting id N (repeatable, or N,M,...)"},
     {"mpi", NULL, CLI_SWITCH, OFF(mpi), 1, 0, NULL, NULL,
      "run under `mpirun -np N`: rank 0 coordinates, ranks 1..N-1 serve disjoint expert sets from their own hosts "

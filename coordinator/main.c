@@ -184,6 +184,7 @@ static int run(engine *en, const options *o, draft_source *draft, int spec_pp, c
         if (gen_seq_push(&g, r->seq + n - 1, 1, err)) goto out;
     } else if (gen_seq_push(&g, r->seq, n, err))
         goto out;
+    sampler_observe_prompt(&g.smp, r->seq, n); /* --repetition-penalty: the prompt's ids */
     if (N == 0) {
         if (gen_feed(en, &g, (size_t)o->chunk, err)) goto out;
         r->prefill_s = k3_now_s() - t0;
@@ -843,6 +844,13 @@ static int take_state_file(options *o, const char *lpath, int sources, const k3_
  * --verify, --doctor, --plan-only). Returns 1 and sets *status when one of them ran (or refused). */
 static int other_mode(const options *o, int *status) {
     k3_error oe = {0};
+    if (sampler_adjusts(&o->sampling) && (o->save_state || o->checkpoint || o->load_state || o->resume || o->serve)) {
+        fprintf(stderr, "k3: --presence-penalty, --frequency-penalty, --repetition-penalty and --logit-bias are not "
+                        "kept in state files (--save-state, --checkpoint, --load-state, --resume) and are request "
+                        "fields with --serve\n");
+        *status = EXIT_USAGE;
+        return 1;
+    }
     if (outputs_check_paths(o->json_path, o->logits_path, o->trace_path, &oe) ||
         outputs_check_path("--save-state", o->save_state, &oe) || outputs_check_path("--checkpoint", o->checkpoint, &oe)) {
         fprintf(stderr, "k3: %s\n", oe.msg);

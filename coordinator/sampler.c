@@ -157,6 +157,30 @@ int sampler_parse_flag(sampler_config *c, const char *name, const char *value, k
             return -1;
         }
         t.top_k = (int)v;
+    } else if (!strcmp(name, "presence-penalty")) {
+        if (parse_double(value, &t.presence_penalty)) goto bad_number;
+    } else if (!strcmp(name, "frequency-penalty")) {
+        if (parse_double(value, &t.frequency_penalty)) goto bad_number;
+    } else if (!strcmp(name, "repetition-penalty")) {
+        if (parse_double(value, &t.repetition_penalty)) goto bad_number;
+        if (t.repetition_penalty <= 0.0) {
+            k3_refuse(err, "--repetition-penalty wants a number in (0, 10] (1 = off), got '%s'", value);
+            return -1;
+        }
+        if (t.repetition_penalty == 1.0) t.repetition_penalty = 0.0; /* no change: off */
+    } else if (!strcmp(name, "logit-bias")) { /* ID=B[,ID=B...], added to the ones before */
+        const char *p = value ? value : "";
+        do {
+            char *end;
+            errno = 0;
+            long id = strtol(p, &end, 10);
+            if (end == p || *end != '=' || errno || id < 0 || id > INT32_MAX) goto bad_bias;
+            p = end + 1;
+            double b = strtod(p, &end);
+            if (end == p || (*end && *end != ',') || t.n_bias == K3_MAX_LOGIT_BIAS) goto bad_bias;
+            t.bias[t.n_bias++] = (sampler_bias){(int32_t)id, b};
+            p = *end ? end + 1 : end;
+        } while (*p);
     } else if (!strcmp(name, "seed")) {
         char *end;
         errno = 0;
@@ -176,6 +200,10 @@ bad_number:
     return -1;
 bad_seed:
     k3_refuse(err, "--seed wants an integer in [0, 18446744073709551615], got '%s'", value ? value : "");
+    return -1;
+bad_bias:
+    k3_refuse(err, "--logit-bias wants ID=BIAS[,ID=BIAS...] (token ids, biases in [-100, 100], at most %d), got '%s'",
+              K3_MAX_LOGIT_BIAS, value ? value : "");
     return -1;
 }
 
@@ -245,6 +273,8 @@ void sampler_reset(sampler *s) {
     k3_rng_seed(&s->rng, s->cfg.seed);
     clear_counts(s);
 }
+
+void sampler_clear_counts(sampler *s) { clear_counts(s); }
 
 int sampler_adjusts(const sampler_config *c) {
     return c->n_bias > 0 || c->presence_penalty != 0.0 || c->frequency_penalty != 0.0 || repeats(c);

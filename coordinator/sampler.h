@@ -30,7 +30,7 @@
  * - RNG (k3_rng): xoshiro256** (Blackman & Vigna, 2018) whose four state words are the first four
  *   outputs of SplitMix64 started at the seed; k3_rng_uniform = (next >> 11) * 2^-53, in [0, 1).
  * - Adjustments (the OpenAI request fields logit_bias, presence_penalty, frequency_penalty and
- *   vLLM's repetition_penalty; the command line has none): before step 0 (and before the greedy
+ *   vLLM's repetition_penalty; the command line's --logit-bias, --presence-penalty, ...): before step 0 (and before the greedy
  *   arg-max) the row is replaced by
  *     adj_i = (float)((R_i((double)logits[i] + bias_i) - c_i * frequency) - (c_i > 0 ? presence : 0))
  *   where bias_i is the configured bias of id i (0 if none), c_i the number of times id i was
@@ -115,9 +115,10 @@ typedef struct {
 void sampler_config_default(sampler_config *c);
 /* Checks the settings (message into err, -1 if refused). */
 int sampler_config_check(const sampler_config *c, k3_error *err);
-/* Sets one setting from command-line text: name is "temperature", "top-k", "top-p", "min-p" or
- * "seed" (a leading "--" is accepted). Strict: the whole value must parse and be in range.
- * 0, or -1 with a message naming the flag. */
+/* Sets one setting from command-line text: name is "temperature", "top-k", "top-p", "min-p",
+ * "seed", "presence-penalty", "frequency-penalty", "repetition-penalty" (1 = off) or "logit-bias"
+ * (ID=BIAS[,ID=BIAS...], added to the biases before) (a leading "--" is accepted). Strict: the
+ * whole value must parse and be in range. 0, or -1 with a message naming the flag. */
 int sampler_parse_flag(sampler_config *c, const char *name, const char *value, k3_error *err);
 /* One line describing the settings ("greedy" or "temperature 0.7, top-k 40, ..., seed 1"). */
 void sampler_describe(const sampler_config *c, char *buf, size_t len);
@@ -138,6 +139,8 @@ int sampler_reserve(sampler *s, size_t n, k3_error *err);
 /* Counts id as emitted (an id not picked by this sampler, e.g. a forced one). Ids outside the
  * reserved row are ignored (and the pick refuses such a row anyway). */
 void sampler_observe(sampler *s, int32_t id);
+/* Forgets the counts and the prompt marks (a new reply in the same conversation; the RNG goes on). */
+void sampler_clear_counts(sampler *s);
 /* Marks the prompt's ids for repetition_penalty (nothing without one; after sampler_reserve). */
 void sampler_observe_prompt(sampler *s, const int32_t *ids, size_t n);
 

@@ -10,7 +10,11 @@
 #     from the rendered K3 prompt ids (bin/k3 --tok --encode of the template text);
 #  3. --stop-id reached ends a turn: the reply is exactly the text before that id;
 #  4. refusals (exit 2): absurd sampling settings, a template the tokenizer cannot render, a
-#     stop id outside the vocabulary, --chat with a prompt.
+#     stop id outside the vocabulary, --chat with a prompt, bad adjustments and adjustments with
+#     state files or --serve;
+#  5. the adjustments (--logit-bias, --presence/--frequency/--repetition-penalty): a +100 bias
+#     takes every pick, penalties change the ids and give the same ids with --draft ngram,
+#     --threads 1 and 1-2 expert servers; a chat with a penalty runs two turns and refuses /save.
 # Skips (exit 0, prints SKIP) while bin/k3 --help does not mention --chat (flags not wired yet).
 set -u
 cd "$(dirname "$0")/.."
@@ -151,6 +155,38 @@ refuse seed --ids 1,2 --seed abc
 refuse '<|im_user|>' --chat --template k2 --workers 0
 refuse 764 --chat --stop-id 764 --workers 0
 refuse chat --chat --ids 1,2
+refuse presence_penalty --ids 1,2 --presence-penalty 3
+refuse logit-bias --ids 1,2 --logit-bias 5=abc
+refuse vocabulary --ids 1,2 --logit-bias 99999999=1 --workers 0
+refuse 'state files' --ids 1,2 --frequency-penalty 1 --save-state "$T/s.k3s"
+refuse 'state files' --ids 1,2 --logit-bias 5=1 --checkpoint "$T/c.k3s"
+refuse 'request fields' --serve --repetition-penalty 1.2
+
+# ---- 5. the adjustments (docs/CHAT.md "Adjustments"): a +100 bias takes every pick; negative
+# penalties and a repetition penalty change the ids, and they are the same with --draft ngram,
+# --threads 1 and --workers 2; a chat reply counts its own ids, /save is refused with them
+got=$(run_ids --logit-bias 77=100 --workers 0 | tr ' ' '\n' | sort -u | tr '\n' ' ')
+if [ "$got" = "77 " ]; then ok "--logit-bias 77=100: every id 77"; else fail "--logit-bias 77=100 gave '$got'"; fi
+for pair in "|--frequency-penalty -2 --presence-penalty -1" "${S[*]}|--repetition-penalty 0.3 ${S[*]}"; do
+  B=${pair%%|*} A=${pair#*|}
+  # shellcheck disable=SC2086
+  plain=$(run_ids $B --workers 0)
+  # shellcheck disable=SC2086
+  ref=$(run_ids $A --workers 0)
+  case "$ref" in *RUNFAIL*|"") fail "$A: $ref";; esac
+  [ "$ref" != "$plain" ] || fail "$A: the same ids as without"
+  for v in "--draft ngram" "--threads 1" "--workers 2" "--draft ngram --workers 1"; do
+    # shellcheck disable=SC2086
+    got=$(run_ids $A $v)
+    [ "$got" = "$ref" ] || fail "$A $v: $got vs $ref"
+  done
+  ok "$A: changes the ids; the same with --draft ngram, --threads 1, --workers 1/2"
+done
+printf 'hello\nhello again\n/save %s\n' "$T/chat.k3s" | "$K3" "$M" --chat --max-tokens 8 --workers 0 --frequency-penalty -1 \
+  > "$T/out.txt" 2> "$T/log.txt"
+if grep -q "turn 2:" "$T/log.txt" && grep -q "not kept in state files" "$T/log.txt" && [ ! -e "$T/chat.k3s" ]; then
+  ok "--chat with a penalty: two turns, /save refused"
+else fail "--chat with a penalty: $(tail -3 "$T/log.txt")"; fi
 
 echo "$fails failure(s)"
 [ "$fails" -eq 0 ]

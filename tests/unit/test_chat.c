@@ -539,12 +539,28 @@ static void test_settings(void) {
     CHECK(sampler_parse_flag(&c, "--min-p", "0.05", ERRP) == 0 && c.min_p == 0.05, "%s", err.msg);
     CHECK(sampler_parse_flag(&c, "--seed", "18446744073709551615", ERRP) == 0 && c.seed == UINT64_MAX,
           "%s", err.msg);
+    {
+        sampler_config a;
+        sampler_config_default(&a);
+        CHECK(sampler_parse_flag(&a, "--logit-bias", "5=1.5,7=-100", ERRP) == 0 && a.n_bias == 2 && a.bias[0].id == 5 &&
+                  a.bias[0].value == 1.5 && a.bias[1].id == 7 && a.bias[1].value == -100,
+              "--logit-bias 5=1.5,7=-100: %s", err.msg);
+        CHECK(sampler_parse_flag(&a, "logit-bias", "9=3", ERRP) == 0 && a.n_bias == 3, "repeated --logit-bias adds");
+        CHECK(sampler_parse_flag(&a, "--presence-penalty", "-0.5", ERRP) == 0 && a.presence_penalty == -0.5, "%s", err.msg);
+        CHECK(sampler_parse_flag(&a, "--frequency-penalty", "2", ERRP) == 0 && a.frequency_penalty == 2, "%s", err.msg);
+        CHECK(sampler_parse_flag(&a, "--repetition-penalty", "1.3", ERRP) == 0 && a.repetition_penalty == 1.3, "%s",
+              err.msg);
+        CHECK(sampler_parse_flag(&a, "--repetition-penalty", "1", ERRP) == 0 && a.repetition_penalty == 0, "1 is off");
+    }
     sampler_config keep = c;
     static const char *const refused[][2] = {
         {"--temperature", "abc"}, {"--temperature", "-0.5"}, {"--temperature", ""},   {"--temperature", "1e"},
         {"--top-k", "-1"},        {"--top-k", "4.5"},        {"--top-p", "0"},        {"--top-p", "1.01"},
         {"--min-p", "2"},         {"--seed", "-3"},          {"--seed", "0x10"},      {"--seed", "18446744073709551616"},
         {"--seed", ""},           {"--top-q", "1"},
+        {"--presence-penalty", "2.5"}, {"--frequency-penalty", "x"}, {"--repetition-penalty", "0"},
+        {"--repetition-penalty", "11"}, {"--logit-bias", ""}, {"--logit-bias", "5"}, {"--logit-bias", "5=x"},
+        {"--logit-bias", "-1=2"}, {"--logit-bias", "5=101"}, {"--logit-bias", "5=1,5=2"}, {"--logit-bias", "5=1;6=2"},
     };
     for (size_t i = 0; i < sizeof refused / sizeof refused[0]; i++) {
         k3_error_clear(&err);

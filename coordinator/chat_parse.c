@@ -111,7 +111,8 @@ static void end_arg(chat_parser *p) {
 static void end_call(chat_parser *p) {
     if (!p->in_call) return;
     if (p->chan == CH_ARG || p->arg_key || p->arg_type) end_arg(p);
-    if (p->call_name && (p->drop_calls || (p->only_name && strcmp(p->call_name, p->only_name)))) {
+    if (p->call_name && (p->drop_calls || (p->only_name && strcmp(p->call_name, p->only_name)) ||
+                         (p->max_calls && p->n_calls >= p->max_calls))) {
         free(p->call_name);
         p->call_name = NULL;
     }

@@ -15,7 +15,7 @@
  * - Text is accumulated as well-formed UTF-8 (ill-formed bytes -> U+FFFD, code points never split):
  *   reasoning / content grow as ids arrive, so a streamer sends the bytes past what it already sent.
  *   A tool call is complete (n_calls grows) when its </call> arrives (or at chat_parser_finish).
- * - drop_calls / only_name (fields): calls that are not kept are dropped whole.
+ * - drop_calls / only_name / max_calls (fields): calls that are not kept are dropped whole.
  * - chat_parser_finish flushes held bytes and closes an unterminated call. */
 #ifndef K3_CHAT_PARSE_H
 #define K3_CHAT_PARSE_H
@@ -58,6 +58,7 @@ typedef struct {
      * (a named tool_choice; not owned) */
     int drop_calls;
     const char *only_name;
+    size_t max_calls; /* 0: every call is kept; else calls past the first max_calls are dropped */
 } chat_parser;
 
 void chat_parser_init(chat_parser *p, const tokenizer *tok, chat_template t, int thinking);

@@ -254,6 +254,9 @@ static int parse_chat(const api_context *c, ectx *e, const json_t *o, api_reques
             r->has_tools = 1;
         }
     }
+    int parallel = 1;
+    if ((rc = get_bool(e, o, "parallel_tool_calls", &parallel))) return rc;
+    r->single_call = !parallel;
     const json_t *tc = json_object_get(o, "tool_choice");
     const char *named = NULL;
     if (tc && !json_is_null(tc)) {

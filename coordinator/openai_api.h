@@ -14,7 +14,9 @@
  *   16 non-empty strings), stream, stream_options.include_usage, logprobs (chat: bool; completions:
  *   integer = top count), top_logprobs (0..20), n (1), reasoning_effort ("none" | "low" | "high" |
  *   "max"), thinking (bool or {"type": "enabled" | "disabled"}), tools, tool_choice, response_format,
- *   return_token_ids (bool, k3 extension: prompt_token_ids / token_ids in the reply).
+ *   return_token_ids (bool, k3 extension: prompt_token_ids / token_ids in the reply),
+ *   parallel_tool_calls (bool, default true; false: only the reply's first complete call is
+ *   returned, as vLLM does).
  * - tool_choice: "auto" (default), "none" (the tool-choice message; calls are not returned),
  *   "required" (the tool-choice message, and the reply is forced into a call: with one tool, a
  *   call to it), {"type": "function", "function": {"name": X}} (no message, as K3-CHAT.md says;
@@ -57,6 +59,7 @@ typedef struct {
     chat_ids force, force_after;
     char *tool_name;
     int tool_choice_none;
+    int single_call; /* parallel_tool_calls false: only the reply's first call is returned */
 } api_request;
 
 int api_parse(const api_context *c, int chat, const char *body, size_t len, api_request *r, char *err, size_t errlen,

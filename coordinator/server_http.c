@@ -605,6 +605,7 @@ static enum MHD_Result generate(server *sv, int route, struct MHD_Connection *c,
     chat_parser_init(&g->cp, sv->tok, route == R_CHAT ? sv->api.tmpl : CHAT_TEMPLATE_K2, g->ar.thinking);
     g->cp.drop_calls = g->ar.tool_choice_none;
     g->cp.only_name = g->ar.tool_name; /* g->ar lives as long as the parser */
+    g->cp.max_calls = g->ar.single_call ? 1 : 0;
     for (size_t i = 0; i < g->ar.n_stop; i++)
         if (strlen(g->ar.stop[i]) > g->max_stop) g->max_stop = strlen(g->ar.stop[i]);
     gen_request *r = gen_request_new();

@@ -4,16 +4,18 @@
  * temperature can emit any sequence, and the server turns what the parser returns into JSON.
  *
  * Input: byte 0 = flags (bit 0 thinking on, bit 1 the K2 template instead of K3, bit 2
- * drop_calls, bit 3 only_name "get_weather"); then a stream where a byte below 0xC0 picks one of
- * a dictionary of pieces (the control ids, tag texts such as `call tool="get_weather"`, argument
- * values, quotes and entities, ill-formed and split UTF-8, a marker spelled as plain text), and a
- * byte from 0xC0 takes the next two bytes as a raw id (any id, also past the vocabulary).
+ * drop_calls, bit 3 only_name "get_weather", bit 4 max_calls 1); then a stream where a byte
+ * below 0xC0 picks one of a dictionary of pieces (the control ids, tag texts such as
+ * `call tool="get_weather"`, argument values, quotes and entities, ill-formed and split UTF-8, a
+ * marker spelled as plain text), and a byte from 0xC0 takes the next two bytes as a raw id (any
+ * id, also past the vocabulary).
  *
  * Checked after every id: reasoning and content only grow, and what a streamer has already sent
  * (everything up to the last length) never changes (checked at the end against the deltas
  * collected on the way); n_calls never shrinks. At the end: reasoning, content, every call's name
  * and arguments are well-formed UTF-8 and NUL-terminated at their length; drop_calls keeps no
- * call; only_name keeps only calls of that name; K2 keeps no reasoning and no call. Never a
+ * call; only_name keeps only calls of that name; max_calls 1 at most one; K2 keeps no reasoning
+ * and no call. Never a
  * crash, a leak or undefined behaviour. */
 #include "coordinator/chat_parse.h"
 
@@ -169,6 +171,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     chat_parser_init(&p, tok, (flags & 2) ? CHAT_TEMPLATE_K2 : CHAT_TEMPLATE_K3, flags & 1);
     p.drop_calls = (flags & 4) != 0;
     p.only_name = (flags & 8) ? "get_weather" : NULL;
+    p.max_calls = (flags & 16) ? 1 : 0;
     grow_buf sent_r = {0}, sent_c = {0};
     size_t calls = 0;
     for (size_t i = 1; i < size;) {
@@ -209,6 +212,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (p.only_name && strcmp(p.calls[c].name, p.only_name)) abort();
     }
     if (p.drop_calls && p.n_calls) abort();
+    if (p.max_calls && p.n_calls > p.max_calls) abort();
     if ((flags & 2) && (p.n_calls || p.reasoning.n)) abort();
     chat_parser_free(&p);
     free(sent_r.p);

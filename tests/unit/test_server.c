@@ -303,6 +303,22 @@ static void test_attribute_bytes_well_formed(void) {
     chat_parser_free(&p);
 }
 
+/* parallel_tool_calls false: only the first complete call is kept (max_calls 1) */
+static void test_single_call(void) {
+    static const char *const two[] = {"<|open|>", "tools", "<|sep|>", "<|open|>", "call tool=\"a\"", "<|sep|>",
+                                      "<|close|>", "call", "<|sep|>", "<|open|>", "call tool=\"b\"", "<|sep|>",
+                                      "<|close|>", "call", "<|sep|>", "<|close|>", "tools", "<|sep|>"};
+    for (size_t max = 0; max <= 1; max++) {
+        chat_parser p;
+        chat_parser_init(&p, tok, CHAT_TEMPLATE_K3, 0);
+        p.max_calls = max;
+        feed_markup(&p, two, sizeof two / sizeof two[0]);
+        chat_parser_finish(&p);
+        CHECK(p.n_calls == (max ? 1u : 2u) && !strcmp(p.calls[0].name, "a"), "max_calls %zu: %zu calls", max, p.n_calls);
+        chat_parser_free(&p);
+    }
+}
+
 static void refused(int chat, const char *body, const char *param) {
     api_context c = {tok, CHAT_TEMPLATE_K3, tokenizer_vocab_size(tok), 512, 16, 1};
     api_request r;
@@ -378,7 +394,8 @@ static void test_penalty_fields(void) {
                {"\"logit_bias\":{\"5\":true}}", "logit_bias.5"},
                {"\"logit_bias\":{\"5\":1,\"005\":2}}", "logit_bias.005"},
                {"\"repetition_penalty\":0}", "repetition_penalty"},
-               {"\"repetition_penalty\":11}", "repetition_penalty"}};
+               {"\"repetition_penalty\":11}", "repetition_penalty"},
+               {"\"parallel_tool_calls\":\"no\"}", "parallel_tool_calls"}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         snprintf(b, sizeof b, "%s%s", m, bad[i].extra);
         refused(1, b, bad[i].param);
@@ -396,6 +413,11 @@ static void test_penalty_fields(void) {
         CHECK(seen7 && seen12, "the two biases");
         api_request_free(&r);
     } else CHECK(0, "penalties and biases refused");
+    snprintf(b, sizeof b, "%s\"parallel_tool_calls\":false}", m);
+    if (parse_ok(b, &r) == 0) {
+        CHECK(r.single_call == 1, "parallel_tool_calls false: one call");
+        api_request_free(&r);
+    } else CHECK(0, "parallel_tool_calls false refused");
     snprintf(b, sizeof b, "%s\"repetition_penalty\":1.25}", m);
     if (parse_ok(b, &r) == 0) {
         CHECK(r.sampling.repetition_penalty == 1.25, "repetition_penalty %g", r.sampling.repetition_penalty);
@@ -676,6 +698,7 @@ int main(void) {
     test_marker_text_is_content();
     test_attribute_bytes_well_formed();
     test_penalty_fields();
+    test_single_call();
     test_api_refusals();
     test_tool_choice();
     test_scheduler_forced();

@@ -334,7 +334,7 @@ static int r_section(reader *r, section *s, const char tag[4], uint32_t index, c
     if (expect ? s->len != expect : s->len > max)
         return k3_fail(r->err, "%s: corrupt: section '%s' has length %llu, the model's config needs %llu", r->name, what,
                        (unsigned long long)s->len, (unsigned long long)(expect ? expect : max));
-    if (r->off + s->len > r->size)
+    if (s->len > r->size - r->off) /* not r->off + s->len > r->size: a length near 2^64 wraps that sum */
         return k3_fail(r->err, "%s: truncated: section '%s' needs %llu bytes at byte %llu but the file ends at byte %llu",
                        r->name, what, (unsigned long long)s->len, (unsigned long long)r->off,
                        (unsigned long long)r->size);

@@ -27,9 +27,9 @@ CFLAGS=(-std=gnu11 -g -O1 -I. -fno-omit-frame-pointer -ffp-contract=off
 # library sources each harness needs (compiled directly with the sanitizers)
 sources_for() {
   case "$1" in
-    safetensors) echo common/safetensors.c common/error.c ;;
+    safetensors) echo common/safetensors.c common/file_read.c common/error.c ;;
     checkpoint)  echo common/checkpoint.c common/safetensors.c common/direct_read.c common/file_read.c common/error.c ;;
-    config)      echo common/config.c common/error.c ;;
+    config)      echo common/config.c common/file_read.c common/error.c ;;
     state)       echo coordinator/state_file.c coordinator/state.c coordinator/sampler.c common/hash64.c \
                       common/config.c common/error.c common/file_read.c ;;
     openai)      echo coordinator/openai_api.c coordinator/xtml.c coordinator/chat.c coordinator/tokenizer.c \

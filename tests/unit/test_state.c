@@ -271,6 +271,19 @@ static void test_refusals(test_engine *te) {
         m[off[i] + 8] ^= 0x04;
         CHECK(load_bytes(te, m, n, 4096, NULL, msg, sizeof msg) == -1, "length flip in %s accepted", name);
     }
+    /* a section length near 2^64 (off + len wraps past the file's end; fuzz_state found it reading past
+     * the buffer): every section, the buffer cut 4 bytes into its payload, in an allocation of
+     * exactly that size (make asan sees any read past it) */
+    for (size_t i = 0; i < ns; i++) {
+        const size_t cut = off[i] + 24 + 4;
+        if (cut > n) continue;
+        unsigned char *w = malloc(cut);
+        memcpy(w, b, cut);
+        const uint64_t huge = UINT64_MAX - 147; /* 2^64 - 148: a multiple of 4 past the history's 16 fixed bytes */
+        memcpy(w + off[i] + 8, &huge, 8);
+        CHECK(load_bytes(te, w, cut, 4096, NULL, msg, sizeof msg) == -1, "a wrapping length in section %zu accepted", i);
+        free(w);
+    }
     /* history beyond the limit */
     CHECK(load_bytes(te, b, n, 11, NULL, msg, sizeof msg) == -1 && strstr(msg, "exceeds --max-context 11"),
           "max: %s", msg);

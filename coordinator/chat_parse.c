@@ -110,7 +110,7 @@ static void end_arg(chat_parser *p) {
 
 static void end_call(chat_parser *p) {
     if (!p->in_call) return;
-    if (p->chan == CH_ARG || p->arg_key || p->arg_type) end_arg(p);
+    end_arg(p); /* an argument still open (its tag left unclosed, or interrupted by another) */
     if (p->call_name && (p->drop_calls || (p->only_name && strcmp(p->call_name, p->only_name)) ||
                          (p->max_calls && p->n_calls >= p->max_calls))) {
         free(p->call_name);
@@ -155,7 +155,7 @@ static void on_tag(chat_parser *p, int opening) {
             p->call_args = json_object();
             p->chan = CH_TOOLS;
         } else if (tag_is(t, "argument") && p->in_call) {
-            if (p->chan == CH_ARG || p->arg_key || p->arg_type) end_arg(p); /* also one left open by a tag */
+            end_arg(p); /* the one before, also one left open by a tag */
             p->arg_key = attr(t, "key");
             p->arg_type = attr(t, "type");
             p->arg_val.n = 0;

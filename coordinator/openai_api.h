@@ -9,8 +9,9 @@
  *   past the context limit. Unknown fields are ignored (clients send many).
  * - Fields: model (string), messages | prompt (text, array of ids, or [text]), max_tokens /
  *   max_completion_tokens, temperature, top_p, top_k, min_p, seed, presence_penalty and
- *   frequency_penalty ([-2, 2]), repetition_penalty ((0, 10], vLLM's: prompt and reply ids), logit_bias ({"<id>": [-100, 100]}, ids in [0, vocab) given once,
- *   at most K3_MAX_LOGIT_BIAS; param "logit_bias.<key>"), stop (string or array of at most
+ *   frequency_penalty ([-2, 2]), repetition_penalty ((0, 10], vLLM's: prompt and reply ids),
+ *   logit_bias ({"<id>": [-100, 100]}, ids in [0, vocab) given once, at most K3_MAX_LOGIT_BIAS;
+ *   param "logit_bias.<key>"), stop (string or array of at most
  *   16 non-empty strings), stream, stream_options.include_usage, logprobs (chat: bool; completions:
  *   integer = top count), top_logprobs (0..20), n (1), reasoning_effort ("none" | "low" | "high" |
  *   "max"), thinking (bool or {"type": "enabled" | "disabled"}), tools, tool_choice, response_format,

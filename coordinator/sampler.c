@@ -208,18 +208,15 @@ bad_bias:
 }
 
 void sampler_describe(const sampler_config *c, char *buf, size_t len) {
-    if (c->temperature == 0.0) {
-        if (sampler_adjusts(c))
-            snprintf(buf, len, "greedy (arg-max), presence %g, frequency %g, %zu logit biases", c->presence_penalty,
-                     c->frequency_penalty, c->n_bias);
-        else snprintf(buf, len, "greedy (arg-max)");
-        return;
-    }
-    char k[32];
-    if (c->top_k > 0) snprintf(k, sizeof k, "%d", c->top_k);
-    else snprintf(k, sizeof k, "off");
-    int w = snprintf(buf, len, "temperature %g, top-k %s, top-p %g, min-p %g, seed %llu", c->temperature, k, c->top_p,
+    int w;
+    if (c->temperature == 0.0) w = snprintf(buf, len, "greedy (arg-max)");
+    else {
+        char k[32];
+        if (c->top_k > 0) snprintf(k, sizeof k, "%d", c->top_k);
+        else snprintf(k, sizeof k, "off");
+        w = snprintf(buf, len, "temperature %g, top-k %s, top-p %g, min-p %g, seed %llu", c->temperature, k, c->top_p,
                      c->min_p, (unsigned long long)c->seed);
+    }
     if (sampler_adjusts(c) && w >= 0 && (size_t)w < len)
         snprintf(buf + w, len - (size_t)w, ", presence %g, frequency %g, repetition %g, %zu logit biases",
                  c->presence_penalty, c->frequency_penalty, c->repetition_penalty, c->n_bias);
@@ -495,7 +492,7 @@ static int32_t pick_from(sampler *s, const float *logits, size_t n, k3_error *er
 int32_t sampler_pick(sampler *s, const float *logits, size_t n, k3_error *err) {
     if (!sampler_adjusts(&s->cfg)) return pick_from(s, logits, n, err);
     if (n == 0 || n > (size_t)INT32_MAX) return k3_refuse(err, "sampler: %zu logits (want 1 .. 2^31-1)", n);
-    if (sampler_reserve(s, n, err)) return -1;
+    if (n != s->n_adj && sampler_reserve(s, n, err)) return -1; /* once (gen_seq_init / the scheduler did it) */
     if (n != s->n_adj) /* counts are per id of one vocabulary */
         return k3_refuse(err, "sampler: a row of %zu logits after rows of %zu (the adjustments count ids)", n, s->n_adj);
     const int32_t id = pick_from(s, adjusted(s, logits, n), n, err);

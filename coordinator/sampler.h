@@ -30,8 +30,8 @@
  * - RNG (k3_rng): xoshiro256** (Blackman & Vigna, 2018) whose four state words are the first four
  *   outputs of SplitMix64 started at the seed; k3_rng_uniform = (next >> 11) * 2^-53, in [0, 1).
  * - Adjustments (the OpenAI request fields logit_bias, presence_penalty, frequency_penalty and
- *   vLLM's repetition_penalty; the command line's --logit-bias, --presence-penalty, ...): before step 0 (and before the greedy
- *   arg-max) the row is replaced by
+ *   vLLM's repetition_penalty; the command line's --logit-bias, --presence-penalty, ...): before
+ *   step 0 (and before the greedy arg-max) the row is replaced by
  *     adj_i = (float)((R_i((double)logits[i] + bias_i) - c_i * frequency) - (c_i > 0 ? presence : 0))
  *   where bias_i is the configured bias of id i (0 if none), c_i the number of times id i was
  *   emitted since sampler_init / sampler_reset (every id sampler_pick returned and every id given
@@ -44,10 +44,9 @@
  *   reply).
  * - Settings are checked by sampler_init: temperature finite in [0, 100], top_k >= 0, top_p in
  *   (0, 1], min_p in [0, 1], presence / frequency penalty in [-2, 2], repetition penalty 0 (off)
- *   or in (0, 10], at most K3_MAX_LOGIT_BIAS
- *   biases, each on a distinct id >= 0 with a value in [-100, 100] (an id past the row's n is
- *   refused by sampler_reserve / sampler_pick); anything else is refused with a message naming
- *   the setting.
+ *   or in (0, 10], at most K3_MAX_LOGIT_BIAS biases, each on a distinct id >= 0 with a value in
+ *   [-100, 100] (an id past the row's n is refused by sampler_reserve / sampler_pick); anything
+ *   else is refused with a message naming the setting.
  * - Errors (common/error.h): sampler_pick returns the id, or -1 with err filled (K3_EFAIL for a
  *   non-finite logit, K3_ENOMEM, K3_EINPUT for n == 0); the others 0 or -1. err may be NULL. */
 #ifndef K3_SAMPLER_H
@@ -130,7 +129,8 @@ int sampler_is_greedy(const sampler *s);
 
 int32_t sampler_pick(sampler *s, const float *logits, size_t n, k3_error *err);
 
-/* Whether the settings adjust the row (a bias or a non-zero penalty). */
+/* Whether the settings adjust the row (a bias, a non-zero presence / frequency penalty, a
+ * repetition penalty other than 0 / 1). */
 int sampler_adjusts(const sampler_config *c);
 /* Room for rows of n logits (the vocabulary): with adjustments, the row copy and the counts,
  * allocated once here rather than in the first pick; an id of a bias >= n is refused naming it.
